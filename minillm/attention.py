@@ -1,0 +1,70 @@
+"""Attention, three ways, all in plain torch.
+
+1. `reference_attention`: softmax(Q K^T / sqrt(d)) V written out by hand, the definition.
+2. `attend`: the same maths through torch's fused scaled_dot_product_attention (the hot path).
+3. `paged_gather`: how a paged KV cache turns scattered blocks back into one key/value
+   row per sequence, with a mask for the unused tail, so (2) can run on it.
+
+Shapes: B batch rows, T new tokens per row, S key positions, H query heads,
+Hkv key/value heads (H is a multiple of Hkv: grouped-query attention), D head_dim.
+"""
+
+from __future__ import annotations
+
+import math
+
+import torch
+import torch.nn.functional as F
+
+
+def reference_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, mask: torch.Tensor | None) -> torch.Tensor:
+    """The textbook formula. q (B, T, H, D); k, v (B, S, Hkv, D); mask (B, T, S) bool, True = may look.
+
+    mask None means causal over a fresh sequence (T == S). Returns (B, T, H, D).
+    """
+    B, T, H, D = q.shape
+    S, Hkv = k.shape[1], k.shape[2]
+    group = H // Hkv
+    k = k.repeat_interleave(group, dim=2)  # (B, S, H, D): each kv head serves `group` query heads
+    v = v.repeat_interleave(group, dim=2)
+    scores = torch.einsum("bthd,bshd->bhts", q, k) / math.sqrt(D)  # (B, H, T, S)
+    if mask is None:
+        mask = torch.ones(T, S, dtype=torch.bool, device=q.device).tril().expand(B, T, S)
+    scores = scores.masked_fill(~mask[:, None], float("-inf"))
+    probs = scores.softmax(dim=-1)  # (B, H, T, S)
+    return torch.einsum("bhts,bshd->bthd", probs, v)
+
+
+def attend(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, mask: torch.Tensor | None) -> torch.Tensor:
+    """Fused attention with the same contract as `reference_attention`. Returns (B, T, H, D)."""
+    out = F.scaled_dot_product_attention(
+        q.transpose(1, 2),  # (B, H, T, D)
+        k.transpose(1, 2),  # (B, Hkv, S, D)
+        v.transpose(1, 2),
+        attn_mask=None if mask is None else mask[:, None],  # (B, 1, T, S)
+        is_causal=mask is None,
+        enable_gqa=k.shape[2] != q.shape[2],
+    )
+    return out.transpose(1, 2)  # (B, T, H, D)
+
+
+def visible_mask(query_pos: torch.Tensor, num_keys: int) -> torch.Tensor:
+    """Which key positions each query may see in a cache: key j is visible when j <= the query's position.
+
+    query_pos (B, T) long -> mask (B, T, num_keys) bool. Positions past a row's length
+    (padding, another sequence's leftovers, unused block slots) are never visible.
+    """
+    keys = torch.arange(num_keys, device=query_pos.device)  # (S,)
+    return keys[None, None, :] <= query_pos[:, :, None]
+
+
+def paged_gather(pool: torch.Tensor, block_tables: torch.Tensor) -> torch.Tensor:
+    """Read every row's blocks out of the pool, in logical order.
+
+    pool (num_blocks, block_size, Hkv, D); block_tables (B, max_blocks) long, padded with any
+    valid id. Returns (B, max_blocks * block_size, Hkv, D): key position p of row b lives at
+    block block_tables[b, p // block_size], offset p % block_size. One indexing op, no loop.
+    """
+    B, max_blocks = block_tables.shape
+    _, block_size, Hkv, D = pool.shape
+    return pool[block_tables].reshape(B, max_blocks * block_size, Hkv, D)

@@ -1,0 +1,86 @@
+"""Settings for the model and the serving engine, as validated dataclasses.
+
+Bad values fail here, at construction, with a message that names the field and
+the fix, instead of deep inside torch later.
+"""
+
+from __future__ import annotations
+
+from dataclasses import asdict, dataclass
+
+from minillm.errors import ConfigError
+
+
+@dataclass(frozen=True)
+class ModelConfig:
+    """Shape of the tiny Llama-style decoder (defaults: about 3 M parameters)."""
+
+    vocab_size: int = 260  # 256 bytes + PAD, BOS, EOS, SEP (see tokenizer.py)
+    dim: int = 256  # width of the residual stream
+    n_layers: int = 4
+    n_heads: int = 8  # query heads
+    n_kv_heads: int = 2  # key/value heads; grouped-query attention when < n_heads
+    ffn_dim: int = 704  # hidden width of the SwiGLU MLP (about 8/3 * dim)
+    max_seq_len: int = 1024  # longest prompt + reply the model (and RoPE) is built for
+    rope_theta: float = 10000.0
+    norm_eps: float = 1e-5
+
+    def __post_init__(self) -> None:
+        for name in ("vocab_size", "dim", "n_layers", "n_heads", "n_kv_heads", "ffn_dim", "max_seq_len"):
+            value = getattr(self, name)
+            if not isinstance(value, int) or value < 1:
+                raise ConfigError(f"ModelConfig.{name} must be a positive integer, got {value!r}")
+        if self.dim % self.n_heads:
+            raise ConfigError(f"dim ({self.dim}) must be divisible by n_heads ({self.n_heads})")
+        if self.n_heads % self.n_kv_heads:
+            raise ConfigError(
+                f"n_kv_heads ({self.n_kv_heads}) must divide n_heads ({self.n_heads}): "
+                "each key/value head serves a whole group of query heads"
+            )
+        if self.head_dim % 2:
+            raise ConfigError(f"head_dim ({self.head_dim}) must be even for rotary embeddings")
+        if self.rope_theta <= 0 or self.norm_eps <= 0:
+            raise ConfigError("rope_theta and norm_eps must be positive")
+
+    @property
+    def head_dim(self) -> int:
+        return self.dim // self.n_heads
+
+    def to_dict(self) -> dict:
+        return asdict(self)
+
+    @classmethod
+    def from_dict(cls, data: dict) -> ModelConfig:
+        known = set(cls.__dataclass_fields__)
+        unknown = set(data) - known
+        if unknown:
+            raise ConfigError(f"unknown ModelConfig fields {sorted(unknown)}; known: {sorted(known)}")
+        return cls(**data)
+
+
+@dataclass(frozen=True)
+class EngineConfig:
+    """How the engine serves: how many seats, which KV layout, how much KV memory."""
+
+    slots: int = 4  # seats: sequences that can be in the batch at once
+    kv: str = "paged"  # "paged" or "contiguous"
+    block_size: int = 16  # tokens per KV block (paged); also the unit the app draws memory in
+    num_blocks: int | None = None  # paged pool size; default: the same memory the contiguous layout reserves
+    max_len: int = 1024  # longest prompt + reply one sequence may reach (the contiguous row length)
+
+    def __post_init__(self) -> None:
+        if self.kv not in ("paged", "contiguous"):
+            raise ConfigError(f"kv must be 'paged' or 'contiguous', got {self.kv!r}")
+        for name in ("slots", "block_size", "max_len"):
+            value = getattr(self, name)
+            if not isinstance(value, int) or value < 1:
+                raise ConfigError(f"EngineConfig.{name} must be a positive integer, got {value!r}")
+        if self.num_blocks is not None and (not isinstance(self.num_blocks, int) or self.num_blocks < 1):
+            raise ConfigError(f"num_blocks must be a positive integer, got {self.num_blocks!r}")
+
+    @property
+    def total_blocks(self) -> int:
+        """Blocks of KV memory: the paged pool, or the contiguous rows cut into blocks for display."""
+        if self.kv == "paged" and self.num_blocks is not None:
+            return self.num_blocks
+        return self.slots * -(-self.max_len // self.block_size)

@@ -1,0 +1,125 @@
+"""One engine, two policies, two KV layouts: token-exact, nothing lost, each policy's invariant holds."""
+
+import pytest
+
+from minillm.blocks import BlockAllocator
+from minillm.config import EngineConfig
+from minillm.engine import Engine, EngineError
+from minillm.generate import generate
+from minillm.request import Request
+from minillm.scheduler import ContinuousScheduler, StaticScheduler
+from tests.conftest import random_model
+
+COMBOS = [(s, kv) for s in (StaticScheduler, ContinuousScheduler) for kv in ("contiguous", "paged")]
+
+
+def crowd(n=10, seed=0):
+    """Requests with mixed prompt and reply lengths, arriving over time."""
+    return [
+        Request(
+            id=f"r{i}",
+            prompt_ids=[257] + [(seed * 31 + i * 7 + j) % 256 for j in range(2 + (i * 5) % 13)],
+            max_new_tokens=3 + (i * 11) % 29,
+            arrival_step=(i * 3) % 10,
+            ignore_eos=True,
+        )
+        for i in range(n)
+    ]
+
+
+def serve(model, scheduler_cls, kv, requests, **cfg):
+    engine = Engine(model, scheduler_cls(), EngineConfig(kv=kv, max_len=256, **cfg))
+    for r in requests:
+        engine.submit(r)
+    return engine, engine.run(max_steps=2000)
+
+
+def assert_token_exact(model, requests):
+    for r in requests:
+        expected = generate(model, r.prompt_ids, r.max_new_tokens, use_cache=False, ignore_eos=r.ignore_eos).tokens
+        assert r.output_ids == expected, f"{r.id} differs from its own no-cache generation"
+
+
+@pytest.mark.parametrize("scheduler_cls,kv", COMBOS)
+def test_every_output_equals_its_single_request_no_cache_generation(scheduler_cls, kv):
+    model = random_model("gqa")
+    requests = crowd()
+    engine, trace = serve(model, scheduler_cls, kv, requests, slots=3, block_size=4)
+    assert_token_exact(model, requests)
+    assert all(r.finish_reason == "length" for r in requests)
+    assert engine.cache.free_blocks == engine.cache.num_blocks  # nothing leaked
+    assert engine.cache.stored_tokens == 0
+
+
+@pytest.mark.parametrize("scheduler_cls", [StaticScheduler, ContinuousScheduler])
+def test_a_tiny_pool_forces_preemption_and_stays_token_exact(scheduler_cls):
+    model = random_model("mqa")
+    requests = crowd(12, seed=1)
+    engine, trace = serve(model, scheduler_cls, "paged", requests, slots=4, block_size=4, num_blocks=14)
+    assert sum(r.preemptions for r in requests) > 0, "the pool was meant to be too small"
+    assert sum(len(s.preempted) for s in trace.steps) == sum(r.preemptions for r in requests)
+    assert_token_exact(model, requests)
+    assert engine.cache.allocator.num_free == 14
+    engine.cache.allocator.check()
+
+
+def test_requests_that_can_never_fit_are_rejected_and_the_rest_complete():
+    model = random_model("gqa")
+    too_long = Request("too-long", [257] * 250, max_new_tokens=10)  # past the 256-token context
+    too_big = Request("too-big", [257] * 30, max_new_tokens=40)  # 69 tokens > 16 blocks of 4
+    empty = Request("empty", [], max_new_tokens=5)
+    zero = Request("zero", [257, 1], max_new_tokens=0)
+    requests = crowd(6) + [too_long, too_big, empty, zero]
+    engine, trace = serve(model, ContinuousScheduler, "paged", requests, slots=3, block_size=4, num_blocks=16)
+    assert "exceeds the context" in too_long.finish_reason
+    assert "KV blocks but the whole pool has 16" in too_big.finish_reason
+    assert "empty prompt" in empty.finish_reason and "at least 1" in zero.finish_reason
+    finished = [r for r in requests if r.finish_reason in ("eos", "length")]
+    rejected = [r for r in requests if r.finish_reason.startswith("rejected")]
+    assert len(finished) == 6 and len(finished) + len(rejected) == len(requests)
+    assert_token_exact(model, requests[:6])
+    assert all(r.id not in s.waiting for s in trace.steps for r in rejected)
+
+
+@pytest.mark.parametrize("kv", ["contiguous", "paged"])
+def test_continuous_never_leaves_a_seat_empty_while_a_request_that_fits_waits(kv):
+    model = random_model("gqa")
+    requests = crowd(14, seed=2)
+    engine, trace = serve(model, ContinuousScheduler, kv, requests, slots=3, block_size=4, num_blocks=40)
+    by_id = {r.id: r for r in requests}
+    for s in trace.steps:
+        if None in s.slots and s.waiting:
+            head = by_id[s.waiting[0]]
+            need = BlockAllocator(1, trace.config["block_size"]).blocks_for(len(head.prompt_ids))
+            free = s.kv_blocks_total - s.kv_blocks_used
+            assert kv == "paged" and need > free, f"step {s.step}: a seat idles while {head.id} could fit"
+
+
+@pytest.mark.parametrize("kv", ["contiguous", "paged"])
+def test_static_lets_nobody_join_until_the_whole_batch_has_finished(kv):
+    model = random_model("gqa")
+    requests = crowd(10)
+    engine, trace = serve(model, StaticScheduler, kv, requests, slots=3, block_size=4)
+    by_id = {r.id: r for r in requests}
+    batch: set[str] = set()
+    for s in trace.steps:
+        if s.admitted:
+            assert all(by_id[i].finish_step < s.step for i in batch), f"step {s.step}: joined a running batch"
+            batch = set(s.admitted)
+        held = [slot for slot in s.slots if slot and slot["state"] == "held"]
+        assert all(slot["id"] in batch for slot in held)
+    assert any(slot and slot["state"] == "held" for s in trace.steps for slot in s.slots)
+
+
+def test_engine_rejects_a_plan_that_admits_a_request_twice():
+    class Greedy(ContinuousScheduler):
+        def schedule(self, waiting, seats, kv):
+            plan = super().schedule(waiting, seats, kv)
+            plan.admit = plan.admit + plan.admit[:1]
+            return plan
+
+    model = random_model("gqa")
+    engine = Engine(model, Greedy(), EngineConfig(slots=4, max_len=256))
+    engine.submit(Request("a", [257, 1], 3))
+    with pytest.raises(EngineError, match="admitted the same request twice"):
+        engine.run()

@@ -1,0 +1,28 @@
+from hypothesis import given
+from hypothesis import strategies as st
+
+from minillm import tokenizer
+
+
+@given(st.text())
+def test_any_text_round_trips(text):
+    assert tokenizer.decode(tokenizer.encode(text)) == text
+
+
+@given(st.lists(st.integers(0, tokenizer.VOCAB_SIZE - 1)))
+def test_decoding_any_ids_never_raises(ids):
+    assert isinstance(tokenizer.decode(ids), str)
+
+
+def test_invalid_utf8_becomes_replacement_char():
+    assert tokenizer.decode([0xFF, ord("a")]) == "\ufffda"
+
+
+def test_specials_are_outside_the_byte_range_and_dropped_by_decode():
+    specials = [tokenizer.PAD, tokenizer.BOS, tokenizer.EOS, tokenizer.SEP]
+    assert len(set(specials)) == 4 and min(specials) >= 256 and max(specials) < tokenizer.VOCAB_SIZE
+    assert tokenizer.decode([tokenizer.BOS, ord("h"), ord("i"), tokenizer.EOS]) == "hi"
+
+
+def test_prompt_format():
+    assert tokenizer.encode_prompt("hi") == [tokenizer.BOS, ord("h"), ord("i"), tokenizer.SEP]

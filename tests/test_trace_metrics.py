@@ -1,0 +1,114 @@
+"""Trace: round trip and validation. Metrics: figures that can be checked by hand on a small run."""
+
+import json
+from dataclasses import replace
+
+import pytest
+import torch
+
+from minillm.config import EngineConfig
+from minillm.engine import Engine
+from minillm.metrics import per_request, summarize
+from minillm.model import Transformer
+from minillm.request import Request
+from minillm.scheduler import ContinuousScheduler, StaticScheduler
+from minillm.trace import Trace, TraceError
+from minillm.workload import SEED_STORY, SEED_STORY_SLOTS, ChatKnobs, chat, seed_story
+from tests.conftest import SMALL_CONFIGS, random_model
+
+
+@pytest.fixture(scope="module")
+def story_traces():
+    """The seed story under both policies (fixed lengths: any model tells the same story)."""
+    torch.manual_seed(0)
+    model = Transformer(replace(SMALL_CONFIGS["gqa"], max_seq_len=1024)).eval()
+    traces = {}
+    for policy in (StaticScheduler, ContinuousScheduler):
+        engine = Engine(model, policy(), EngineConfig(slots=SEED_STORY_SLOTS, block_size=16))
+        for r in seed_story():
+            engine.submit(r)
+        traces[policy.name] = engine.run()
+    return traces
+
+
+def admitted_at(trace):
+    return {rid: s.step for s in trace.steps for rid in s.admitted}
+
+
+def test_seed_story_events_happen_at_the_story_steps(story_traces):
+    cont, static = admitted_at(story_traces["continuous"]), admitted_at(story_traces["static"])
+    assert cont == {"A": 0, "B": 0, "C": 0, "D": 0, "E": 12, "F": 42, "G": 42, "H": 499}
+    assert static == {"A": 0, "B": 0, "C": 0, "D": 0, "E": 499, "F": 499, "G": 499, "H": 499}
+    finish = {r.id: r.finish_step for r in story_traces["continuous"].requests}
+    assert finish["A"] == 11 and finish["C"] == finish["D"] == 41 and finish["B"] == 498
+
+
+def test_seed_story_metrics(story_traces):
+    cont, static = summarize(story_traces["continuous"]), summarize(story_traces["static"])
+    assert cont["finished"] == static["finished"] == 8
+    assert cont["output_tokens"] == static["output_tokens"] == sum(n for *_, n in SEED_STORY)
+    assert cont["last_finish_step"] < static["last_finish_step"]
+    assert cont["slot_utilization"] > static["slot_utilization"]
+    # static: the first batch's useful seat-steps are exactly the four replies' lengths
+    first_batch = [s for s in story_traces["static"].steps if s.step <= 498]
+    busy = sum(1 for s in first_batch for slot in s.slots if slot and slot["state"] != "held")
+    assert busy == 12 + 499 + 42 + 42
+    ttft = {rid: m["ttft_steps"] for rid, m in per_request(story_traces["static"]).items()}
+    assert ttft["A"] == 1 and ttft["E"] == 500
+
+
+def test_trace_round_trips_through_json(story_traces, tmp_path):
+    trace = story_traces["continuous"]
+    trace.save(tmp_path / "t.json")
+    again = Trace.load(tmp_path / "t.json")
+    assert again.to_dict() == json.loads(json.dumps(trace.to_dict()))
+    assert summarize(again) == summarize(trace)
+
+
+@pytest.mark.parametrize(
+    "mutate,needle",
+    [
+        (lambda d: d.update(format="other"), '"format" must be'),
+        (lambda d: d.update(version=99), "unsupported version"),
+        (lambda d: d["config"].pop("slots"), "config lacks"),
+        (lambda d: d["steps"][0].pop("tokens"), '"tokens" is missing'),
+        (lambda d: d["steps"][0]["slots"].append(None), "slots, but config says"),
+        (lambda d: d["steps"][3]["slots"].__setitem__(0, {"id": "A", "state": "napping"}), "a slot must be null"),
+        (lambda d: d["requests"][0].update(id=5), '"id" is missing or not a str'),
+    ],
+)
+def test_malformed_traces_are_a_clear_error(story_traces, mutate, needle):
+    data = json.loads(json.dumps(story_traces["static"].to_dict()))
+    mutate(data)
+    with pytest.raises(TraceError, match=needle):
+        Trace.from_dict(data)
+
+
+@pytest.mark.parametrize("text", [b"not json", b"[1, 2]", b"\xff\xfe"])
+def test_garbage_is_a_clear_error(text):
+    with pytest.raises(TraceError, match="not a JSON file|top level"):
+        Trace.loads(text)
+
+
+def test_chat_workload_is_seeded_and_has_a_long_tail():
+    a, b = chat(ChatKnobs(requests=200, rate=2.0), seed=3), chat(ChatKnobs(requests=200, rate=2.0), seed=3)
+    assert [(r.prompt, r.arrival_step) for r in a] == [(r.prompt, r.arrival_step) for r in b]
+    assert [r.prompt for r in chat(ChatKnobs(requests=200, rate=2.0), seed=4)] != [r.prompt for r in a]
+    arrivals = [r.arrival_step for r in a]
+    assert arrivals == sorted(arrivals) and 60 <= arrivals[-1] <= 140  # about requests / rate steps
+    everyone_at_once = chat(ChatKnobs(requests=10, rate=10), seed=0)
+    assert {r.arrival_step for r in everyone_at_once} == {0}
+    from minillm import tasks
+
+    lengths = sorted(len(tasks.solve(r.prompt)) for r in a)
+    assert lengths[len(lengths) // 2] < 80 < lengths[-1] > 250  # median below the mean: a long tail
+
+
+def test_utilization_counts_held_seats_as_idle():
+    model = random_model("gqa")
+    engine = Engine(model, StaticScheduler(), EngineConfig(slots=2, max_len=256))
+    engine.submit(Request("short", [257, 1], 2, ignore_eos=True))
+    engine.submit(Request("long", [257, 2], 6, ignore_eos=True))
+    trace = engine.run()
+    assert len(trace.steps) == 6
+    assert summarize(trace)["slot_utilization"] == pytest.approx((2 + 6) / (2 * 6))
