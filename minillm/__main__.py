@@ -11,9 +11,12 @@ from minillm.errors import ConfigError, MinillmError
 
 def cmd_generate(args: argparse.Namespace) -> None:
     from minillm.checkpoint import load_model
+    from minillm.errors import InputError
     from minillm.generate import generate
     from minillm.tokenizer import decode, encode_prompt
 
+    if not args.prompt.strip():
+        raise InputError("the prompt is empty; give one, e.g. --prompt 'count down from 12'")
     model = load_model(args.checkpoint, args.device)
     start = time.perf_counter()
     out = generate(

@@ -1,6 +1,8 @@
 """Save and load the model as safetensors (no pickle: loading a file never runs code from it).
 
 The model's config travels inside the file's metadata, so one file is the whole model.
+Weights are stored in float16 (half the size: the shipped file stays under 10 MB) and
+loaded back as float32; the held-out accuracy in the metadata is measured after that round trip.
 """
 
 from __future__ import annotations
@@ -17,6 +19,7 @@ from minillm.errors import CheckpointError, ConfigError, DeviceError
 from minillm.model import Transformer
 
 DEFAULT_CHECKPOINT = Path(__file__).parent / "weights" / "minillm.safetensors"
+STORAGE_DTYPE = torch.float16
 RETRAIN_HINT = "rebuild it with `python -m minillm train` (about 15 minutes on 2 CPU cores)"
 
 
@@ -36,7 +39,7 @@ def save_checkpoint(model: Transformer, path: str | Path, extra: dict | None = N
     path.parent.mkdir(parents=True, exist_ok=True)
     metadata = {"format": "minillm", "config": json.dumps(model.cfg.to_dict())}
     metadata.update({k: json.dumps(v) for k, v in (extra or {}).items()})
-    tensors = {name: t.detach().contiguous().cpu() for name, t in model.state_dict().items()}
+    tensors = {name: t.detach().to(STORAGE_DTYPE).contiguous().cpu() for name, t in model.state_dict().items()}
     save_file(tensors, str(path), metadata=metadata)
 
 
@@ -47,7 +50,7 @@ def load_model(path: str | Path | None = None, device: str | torch.device = "aut
     if not path.is_file():
         raise CheckpointError(f"no checkpoint at {path}; {RETRAIN_HINT}")
     try:
-        tensors = load_file(str(path))
+        tensors = {name: t.float() for name, t in load_file(str(path)).items()}
         with safe_open(str(path), framework="pt") as f:
             metadata = f.metadata() or {}
         cfg = ModelConfig.from_dict(json.loads(metadata["config"]))

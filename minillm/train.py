@@ -21,7 +21,7 @@ import torch.nn.functional as F
 from tqdm import tqdm
 
 from minillm import tasks
-from minillm.checkpoint import save_checkpoint
+from minillm.checkpoint import STORAGE_DTYPE, save_checkpoint
 from minillm.config import ModelConfig
 from minillm.generate import generate
 from minillm.model import Transformer
@@ -32,15 +32,15 @@ IGNORE = -100  # cross_entropy skips targets with this id
 
 @dataclass
 class TrainConfig:
-    steps: int = 3000
+    steps: int = 1900
     tokens_per_batch: int = 4096  # padded tokens per optimizer step
     lr: float = 2e-3
     warmup_steps: int = 100
     weight_decay: float = 0.01
     seed: int = 0
-    bf16: bool = True  # mixed precision on CPUs with native bfloat16 (AVX512-BF16 / AMX); else float32
+    bf16: bool = False  # mixed precision on CPUs with native bfloat16 (AVX512-BF16 / AMX): faster, less exact
     task_weights: dict[str, float] = field(
-        default_factory=lambda: {"count": 0.3, "countdown": 0.3, "spell": 0.2, "letters": 0.2}
+        default_factory=lambda: {"count": 0.35, "countdown": 0.35, "spell": 0.3}
     )
 
 
@@ -118,11 +118,7 @@ def evaluate(model: Transformer, per_task: int = 50, seed: int = 1234, progress:
     rng = random.Random(seed)
     results = {}
     for task in tqdm(tasks.TASKS, desc="evaluating", disable=not progress):
-        listed = tasks.all_prompts(task)
-        if listed is not None:  # few distinct prompts: use every held-out one
-            prompts = [p for p in listed if tasks.is_held_out(p)]
-        else:
-            prompts = [tasks.sample(task, rng, held_out=True)[0] for _ in range(per_task)]
+        prompts = [tasks.sample(task, rng, held_out=True)[0] for _ in range(per_task)]
         correct = 0
         failures = []
         for prompt in prompts:
@@ -147,6 +143,8 @@ def format_accuracy(results: dict[str, dict]) -> str:
 
 def train_and_save(out: str | Path, cfg: TrainConfig | None = None, progress: bool = True) -> dict:
     model, stats = train(cfg, progress=progress)
+    for p in model.parameters():  # measure what is shipped: the weights after the float16 round trip
+        p.data = p.data.to(STORAGE_DTYPE).float()
     results = evaluate(model, progress=progress)
     accuracy = {task: r["correct"] / r["total"] for task, r in results.items()}
     save_checkpoint(model, out, extra=stats | {"heldout_accuracy": accuracy})

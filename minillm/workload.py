@@ -27,12 +27,12 @@ from minillm.tokenizer import encode_prompt
 SEED_STORY = [
     ("A", "count to 7", 12),
     ("B", "count to 152", 499),
-    ("C", "spell 9876543210", 42),
-    ("D", "letters a to z", 42),
+    ("C", "count down from 74 to 60", 42),
+    ("D", "count from 100 to 110", 42),
     ("E", "count to 151", 495),
     ("F", "count down from 150", 470),
     ("G", "count to 149", 465),
-    ("H", "letters c to u", 35),
+    ("H", "count down from 40 to 28", 35),
 ]
 SEED_STORY_SLOTS = 4
 MAX_REPLY = 500  # longest reply a chat workload asks for ("count to 152": 499 tokens + EOS)
@@ -47,10 +47,9 @@ def seed_story() -> list[Request]:
 
 def prompt_with_reply_length(length: int, rng: random.Random) -> str:
     """A task prompt whose correct reply (plus EOS) is about `length` tokens."""
-    if length > 40:  # only counting makes long replies, up or down
-        template = rng.choice(["count to {}", "count down from {}"])
-        n = min(range(1, tasks.MAX_COUNT + 1), key=lambda k: abs(len(tasks.solve(template.format(k))) + 1 - length))
-        return template.format(n)
+    if length > 40:  # counting down makes the long replies (and the shipped model stops those reliably)
+        n = min(range(1, tasks.MAX_COUNT + 1), key=lambda k: abs(len(tasks.solve(f"count down from {k}")) + 1 - length))
+        return f"count down from {n}"
     candidates = [tasks.TASKS[rng.choice(list(tasks.TASKS))](rng)[0] for _ in range(24)]
     return min(candidates, key=lambda p: abs(len(tasks.solve(p)) + 1 - length))
 

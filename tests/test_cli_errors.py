@@ -49,7 +49,7 @@ def test_corrupt_checkpoint_says_how_to_retrain(capsys, tmp_path):
 
 
 def test_generate_prints_the_reply(capsys):
-    code, out, err = run_cli(capsys, "generate", "--prompt", "count to 12")
+    code, out, err = run_cli(capsys, "generate", "--prompt", "count down from 12")
     assert code == 0
-    assert out.strip() == "1 2 3 4 5 6 7 8 9 10 11 12"
+    assert out.strip() == "12 11 10 9 8 7 6 5 4 3 2 1"
     assert "stopped by eos" in err
