@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import re
+
 import pytest
 import torch
 
@@ -41,6 +43,27 @@ def shipped_model() -> Transformer:
 
 
 # --- lesson exercises (tests/lessons): student mode and a per-lesson summary ----------------------
+# Each lesson test runs twice: on the reference (id "reference") and on your code in lessons/exercises
+# (id "student"; see tests/lessons/harness.py to point it elsewhere with MINILLM_EXERCISES).
+LESSON_NOTEBOOKS = {
+    "01": "01_decode_is_a_loop.ipynb",
+    "02": "02_kv_cache.ipynb",
+    "03": "03_static_batching.ipynb",
+    "04": "04_continuous_batching.ipynb",
+    "05": "05_paged_kv_cache.ipynb",
+    "06": "06_tradeoffs.ipynb",
+}
+
+
+def lesson_of(keywords) -> str | None:
+    """The lesson number of a test marked e.g. lesson01 ("01"), else None."""
+    for name in keywords:
+        match = re.fullmatch(r"lesson(\d\d)", name)
+        if match:
+            return match.group(1)
+    return None
+
+
 def _is_student(item) -> bool:
     callspec = getattr(item, "callspec", None)
     return callspec is not None and "student" in callspec.params.values()
@@ -50,8 +73,6 @@ def _is_student(item) -> bool:
 def pytest_pyfunc_call(pyfuncitem):
     """Lesson tests: an exercise still raising NotImplementedError is not attempted yet, so skip it, don't fail it.
     They run torch on one thread: their models are tiny, and on a busy machine two threads stall each other."""
-    from tests.lessons.harness import lesson_of, not_attempted_reason
-
     lesson = lesson_of(pyfuncitem.keywords)
     if lesson is None:
         return (yield)
@@ -62,17 +83,13 @@ def pytest_pyfunc_call(pyfuncitem):
     except NotImplementedError:
         if not _is_student(pyfuncitem):
             raise
-        pytest.skip(not_attempted_reason(lesson))
+        pytest.skip(f"lesson {lesson}: not attempted yet, open lessons/{LESSON_NOTEBOOKS[lesson]}")
     finally:
         torch.set_num_threads(threads)
 
 
 def pytest_terminal_summary(terminalreporter):
     """Per lesson, the state of YOUR implementation (the tests with id 'student'); only when lesson tests ran."""
-    import re
-
-    from tests.lessons.harness import NOTEBOOKS, lesson_of
-
     outcomes: dict[str, dict[str, str]] = {}  # lesson -> test id -> worst outcome
     rank = {"passed": 0, "skipped": 1, "failed": 2}
     for kind in ("passed", "failed", "error", "skipped"):
@@ -94,7 +111,7 @@ def pytest_terminal_summary(terminalreporter):
         if failed:
             state = f"failing ({failed} test{'s' * (failed > 1)})"
         elif skipped == len(states):
-            state = f"not attempted (open lessons/{NOTEBOOKS[lesson]})"
+            state = f"not attempted (open lessons/{LESSON_NOTEBOOKS[lesson]})"
         elif skipped:
             state = f"partly done ({len(states) - skipped} passed, {skipped} not attempted)"
         else:

@@ -16,7 +16,8 @@ def test_checkpoint_is_small_safetensors_with_its_config_inside():
 
 
 @pytest.mark.parametrize(
-    "prompt", ["count to 1", "count from 7 to 7", "spell 4096", "count to 5", "count down from 10", "count down from 152"]
+    "prompt",
+    ["count to 1", "count from 7 to 7", "spell 4096", "count to 5", "count down from 10", "count down from 152"],
 )
 def test_shipped_model_answers_exactly_and_stops_at_eos(shipped_model, prompt):
     out = generate(shipped_model, encode_prompt(prompt), max_new_tokens=600)

@@ -13,7 +13,7 @@ def generate_greedy(model: Transformer, prompt_ids: list[int], max_new_tokens: i
 
     Each step: run `model` on the whole sequence so far (a (1, T) long tensor; the model
     returns logits (1, T, vocab)), take the argmax of the LAST position's logits, and
-    append it. Stop when the new token is EOS (do not include it) or after max_new_tokens
-    tokens. Return the new tokens only (not the prompt).
+    append it. Stop when the new token is EOS (do not include it; `from minillm.tokenizer import EOS`)
+    or after max_new_tokens tokens. Return the new tokens only (not the prompt).
     """
     raise NotImplementedError("lesson 01: write the decode loop (run the model, argmax, append, stop at EOS)")

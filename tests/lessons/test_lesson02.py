@@ -1,0 +1,196 @@
+"""Lesson 02: a KV cache. Run: pytest -m lesson02
+
+Your append_kv and cached_attention, plugged into the real model through SimpleKVCache, must give
+the same logits and tokens as the model without a cache.
+"""
+
+from __future__ import annotations
+
+import math
+from types import SimpleNamespace
+
+import pytest
+import torch
+
+from minillm.attention import attend, reference_attention, visible_mask
+from tests.lessons.harness import IMPLS, small_model, stub, student_module
+
+pytestmark = pytest.mark.lesson02
+
+
+def reference_append(cached, new):
+    return new if cached is None else torch.cat([cached, new], dim=1)
+
+
+def reference_cached_attention(q, k, v, q_positions):
+    return attend(q, k, v, visible_mask(q_positions, k.shape[1]))
+
+
+@pytest.fixture(params=IMPLS)
+def kv(request):
+    if request.param == "reference":
+        return SimpleNamespace(append=reference_append, attention=reference_cached_attention)
+    module = student_module("lesson02_kv_cache")
+    return SimpleNamespace(append=module.append_kv, attention=module.cached_attention)
+
+
+# --- plausible mistakes (the checks must catch each one) -----------------------------------------
+def make_attention(mask="positions", scale=True, gqa="repeat_interleave"):
+    """Attention written out by hand, optionally with one mistake."""
+
+    def attention(q, k, v, q_positions):
+        T, H, D = q.shape[1:]
+        S, group = k.shape[1], H // k.shape[2]
+        if gqa == "repeat_interleave":  # kv head j serves query heads j*group .. (j+1)*group - 1
+            k, v = k.repeat_interleave(group, dim=2), v.repeat_interleave(group, dim=2)
+        else:  # tiles the kv heads: query head i reads kv head i % Hkv (wrong)
+            k, v = k.repeat(1, 1, group, 1), v.repeat(1, 1, group, 1)
+        scores = torch.einsum("bthd,bshd->bhts", q, k)  # (1, H, T, S)
+        if scale:
+            scores = scores / math.sqrt(D)
+        keys, pos = torch.arange(S), q_positions[0][:, None]  # (S,), (T, 1)
+        visible = {
+            "positions": keys <= pos,
+            "strict": keys < pos,
+            "top-left": torch.ones(T, S, dtype=torch.bool).tril(),  # as if the queries started at position 0
+            "none": torch.ones(T, S, dtype=torch.bool),
+        }[mask]
+        probs = scores.masked_fill(~visible, float("-inf")).softmax(dim=-1)
+        return torch.einsum("bhts,bshd->bthd", probs, v)
+
+    return attention
+
+
+def prepend(cached, new):
+    return new if cached is None else torch.cat([new, cached], dim=1)
+
+
+KNOWN_MISTAKES = {
+    "there is no causal mask: a query sees keys after its own position": make_attention(mask="none"),
+    "the scores are not divided by sqrt(head_dim)": make_attention(scale=False),
+    "a query may not see its own key: use <=, not <": make_attention(mask="strict"),
+    "the mask ignores q_positions (it assumes the queries start at position 0)": make_attention(mask="top-left"),
+    "query head i reads kv head i % n_kv_heads: use repeat_interleave, not repeat": make_attention(gqa="repeat"),
+}
+
+
+# --- the checks --------------------------------------------------------------------------------
+def check_append(append) -> None:
+    torch.manual_seed(0)
+    first, second = torch.randn(1, 3, 2, 4), torch.randn(1, 1, 2, 4)  # (1, T, n_kv_heads, head_dim)
+    cached = append(None, first)
+    assert torch.equal(cached, first), "append_kv(None, new) must return the new keys (nothing was cached)"
+    both = append(cached, second)
+    assert both.shape == (1, 4, 2, 4), f"appending 1 token to 3 must give shape (1, 4, 2, 4), got {tuple(both.shape)}"
+    assert torch.equal(both, torch.cat([first, second], dim=1)), "the new keys must come after the cached ones"
+
+
+def check_attention(attention) -> None:
+    torch.manual_seed(0)
+    S, D = 6, 8
+    for H, Hkv in ((4, 4), (4, 2), (4, 1)):
+        q_all, k, v = torch.randn(1, S, H, D), torch.randn(1, S, Hkv, D), torch.randn(1, S, Hkv, D)
+        for name, first in (("prefill (all 6 tokens)", 0), ("decode (the 6th token)", S - 1), ("2 new tokens", 4)):
+            q, positions = q_all[:, first:], torch.arange(first, S)[None]  # (1, T, H, D), (1, T)
+            expected = reference_attention(q, k, v, visible_mask(positions, S))
+            got = attention(q, k, v, positions)
+            where = f"{H} query heads, {Hkv} kv heads, {name}"
+            assert got.shape == expected.shape, (
+                f"{where}: expected shape {tuple(expected.shape)}, got {tuple(got.shape)}"
+            )
+            if torch.allclose(got, expected, rtol=1e-4, atol=1e-5):
+                continue
+            hints = [
+                why
+                for why, mistake in KNOWN_MISTAKES.items()
+                if mistake(q, k, v, positions).allclose(got, equal_nan=True)
+            ]
+            raise AssertionError(
+                f"{where}: your attention differs from softmax(q k^T / sqrt(d)) v by up to "
+                f"{(got - expected).abs().max():.3g}" + "".join(f"\n  hint: {h}" for h in hints[:1])
+            )
+
+
+def check_in_the_model(append, attention, steps: int = 5) -> None:
+    """Prefill a prompt, extend it by two given tokens, then decode token by token through the cache;
+    at every step compare the logits with the model's without a cache."""
+    from lessons.exercises.lesson02_kv_cache import SimpleKVCache
+
+    for name in ("mha", "gqa", "mqa"):
+        model = small_model(name)
+        cache = SimpleKVCache(model.cfg.n_layers, append=append, attention=attention)
+        sequence = torch.tensor([[257, 5, 6, 7, 8, 9, 10]])  # (1, T)
+        feeds = [("prefill of 7 tokens", sequence), ("2 more tokens at once", torch.tensor([[11, 12]]))]
+        feeds += [(f"decode step {i + 1}", None) for i in range(steps)]  # None: the greedy token
+        cached = None  # the last logits
+        with torch.no_grad():
+            for what, new in feeds:
+                if new is None:
+                    new = cached[:, -1].argmax(-1, keepdim=True)  # (1, 1)
+                    sequence = torch.cat([sequence, new], dim=1)
+                elif new is not sequence:
+                    sequence = torch.cat([sequence, new], dim=1)
+                T = new.shape[1]
+                cached = model(new, cache.prepare([0], T), cache)  # (1, T, V)
+                full = model(sequence)[:, -T:]  # the same positions, no cache
+                same = torch.allclose(cached, full, rtol=1e-4, atol=1e-5)
+                assert same, (
+                    f"{name} model, {what}: logits with your cache differ from the model's without one by up to "
+                    f"{(cached - full).abs().max():.3g}"
+                )
+
+
+def check_all(kv) -> None:
+    check_append(kv.append)
+    check_attention(kv.attention)
+    check_in_the_model(kv.append, kv.attention)
+
+
+def test_append_kv(kv):
+    check_append(kv.append)
+
+
+def test_cached_attention_equals_the_formula(kv):
+    check_attention(kv.attention)
+
+
+def test_the_model_with_your_cache_equals_the_model_without(kv):
+    check_in_the_model(kv.append, kv.attention)
+
+
+# --- the checks catch plausible mistakes --------------------------------------------------------
+def test_a_correct_version_passes():
+    check_all(SimpleNamespace(append=reference_append, attention=make_attention()))
+
+
+WRONG = {
+    "prepends": SimpleNamespace(append=prepend, attention=make_attention()),
+    **{
+        name: SimpleNamespace(append=reference_append, attention=make_attention(**kwargs))
+        for name, kwargs in {
+            "no-causal-mask": dict(mask="none"),
+            "no-scale": dict(scale=False),
+            "strict-mask": dict(mask="strict"),
+            "ignores-positions": dict(mask="top-left"),
+            "gqa-repeat": dict(gqa="repeat"),
+        }.items()
+    },
+}
+
+
+@pytest.mark.parametrize("wrong", WRONG.values(), ids=WRONG.keys())
+def test_the_checks_catch_a_wrong_cache(wrong):
+    with pytest.raises(AssertionError):
+        check_all(wrong)
+
+
+@pytest.mark.parametrize("wrong", WRONG.values(), ids=WRONG.keys())
+def test_a_wrong_cache_changes_what_the_model_says(wrong):
+    """Not just the unit checks: each mistake also shows in the real model's logits (GQA included)."""
+    with pytest.raises(AssertionError):
+        check_in_the_model(wrong.append, wrong.attention)
+
+
+def test_the_stub_is_rejected():
+    with pytest.raises(NotImplementedError):
+        check_all(SimpleNamespace(append=stub, attention=stub))
