@@ -39,9 +39,7 @@ class TrainConfig:
     weight_decay: float = 0.01
     seed: int = 0
     bf16: bool = False  # mixed precision on CPUs with native bfloat16 (AVX512-BF16 / AMX): faster, less exact
-    task_weights: dict[str, float] = field(
-        default_factory=lambda: {"count": 0.35, "countdown": 0.35, "spell": 0.3}
-    )
+    task_weights: dict[str, float] = field(default_factory=lambda: {"count": 0.35, "countdown": 0.35, "spell": 0.3})
 
 
 def make_batch(rng: random.Random, task: str, tokens_per_batch: int) -> tuple[torch.Tensor, torch.Tensor]:
