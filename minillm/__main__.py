@@ -97,6 +97,7 @@ def cmd_run(args: argparse.Namespace) -> None:
 
 def cmd_bench(args: argparse.Namespace) -> None:
     import json
+    import os
     from pathlib import Path
 
     from minillm.bench import BENCHES, BenchSettings, run_benchmarks
@@ -114,7 +115,7 @@ def cmd_bench(args: argparse.Namespace) -> None:
         plot_all(results, out)
         (out / "results.json").write_text(json.dumps(results, indent=2))
     if args.markdown:
-        plots = None if not args.out else str(Path(args.out).relative_to(Path(args.markdown).parent, walk_up=True))
+        plots = None if not args.out else os.path.relpath(args.out, Path(args.markdown).resolve().parent)
         Path(args.markdown).write_text("# Benchmarks\n\n" + markdown(results, command, plots) + "\n")
     if args.json:
         print(json.dumps(results))
