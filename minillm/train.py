@@ -32,13 +32,13 @@ IGNORE = -100  # cross_entropy skips targets with this id
 
 @dataclass
 class TrainConfig:
-    steps: int = 1900
+    steps: int = 3800
     tokens_per_batch: int = 4096  # padded tokens per optimizer step
     lr: float = 2e-3
     warmup_steps: int = 100
     weight_decay: float = 0.01
     seed: int = 0
-    bf16: bool = False  # mixed precision on CPUs with native bfloat16 (AVX512-BF16 / AMX): faster, less exact
+    bf16: bool = True  # bfloat16 matmuls on CPUs that do them natively (AVX512-BF16 / AMX), ~2x faster; else float32
     task_weights: dict[str, float] = field(default_factory=lambda: {"count": 0.35, "countdown": 0.35, "spell": 0.3})
 
 

@@ -9,22 +9,9 @@ from minillm.generate import generate
 from minillm.request import Request
 from minillm.scheduler import ContinuousScheduler, StaticScheduler
 from tests.conftest import random_model
+from tests.lessons.harness import crowd  # the same mixed crowd the lesson checks use
 
 COMBOS = [(s, kv) for s in (StaticScheduler, ContinuousScheduler) for kv in ("contiguous", "paged")]
-
-
-def crowd(n=10, seed=0):
-    """Requests with mixed prompt and reply lengths, arriving over time."""
-    return [
-        Request(
-            id=f"r{i}",
-            prompt_ids=[257] + [(seed * 31 + i * 7 + j) % 256 for j in range(2 + (i * 5) % 13)],
-            max_new_tokens=3 + (i * 11) % 29,
-            arrival_step=(i * 3) % 10,
-            ignore_eos=True,
-        )
-        for i in range(n)
-    ]
 
 
 def serve(model, scheduler_cls, kv, requests, **cfg):
