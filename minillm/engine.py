@@ -183,7 +183,6 @@ class Engine:
         now = time.perf_counter() - self.start
         if request.first_token_step is None:
             request.first_token_step, request.first_token_s = self.step_no, now
-        request.token_times_s.append(now)
         if token == EOS and not request.ignore_eos:
             reason = "eos"
         else:

@@ -43,7 +43,6 @@ class Request:
     # wall-clock seconds since the engine started
     first_token_s: float | None = None
     finish_s: float | None = None
-    token_times_s: list[float] = field(default_factory=list)
 
     @property
     def is_finished(self) -> bool:

@@ -37,7 +37,6 @@ class RequestRecord:
     max_new_tokens: int = 0
     first_token_s: float | None = None  # seconds since the run began
     finish_s: float | None = None
-    arrival_s: float | None = None
 
 
 @dataclass
