@@ -14,13 +14,11 @@ from dataclasses import dataclass
 
 import torch
 
-from minillm.config import EngineConfig
-from minillm.engine import Engine
 from minillm.kv_cache import ContiguousKVCache, PagedKVCache
 from minillm.metrics import summarize
 from minillm.model import Transformer
-from minillm.scheduler import SCHEDULERS
-from minillm.workload import ChatKnobs, make_workload
+from minillm.run import run_workload
+from minillm.workload import ChatKnobs
 
 
 @dataclass
@@ -92,10 +90,8 @@ def bench_paged_vs_contiguous_step(model: Transformer, s: BenchSettings) -> dict
 
 
 def serve(model, workload, scheduler, kv, slots, knobs, num_blocks=None, seed=0):
-    engine = Engine(model, SCHEDULERS[scheduler](), EngineConfig(slots=slots, kv=kv, num_blocks=num_blocks))
-    for request in make_workload(workload, knobs, seed):
-        engine.submit(request)
-    trace = engine.run()
+    """Run a workload (run.run_workload) and summarize it, with the peak number of busy seats."""
+    trace = run_workload(model, workload, scheduler, kv, slots, num_blocks, knobs=knobs, seed=seed)
     busy = [sum(1 for slot in st.slots if slot and slot["state"] != "held") for st in trace.steps]
     return summarize(trace) | {"peak_concurrency": max(busy)}, trace
 
