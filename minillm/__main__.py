@@ -139,7 +139,7 @@ def build_parser() -> argparse.ArgumentParser:
         p.add_argument("--checkpoint", default=None, help="safetensors file (default: the shipped model)")
 
     p = sub.add_parser("generate", help="reply to one prompt")
-    p.add_argument("--prompt", required=True, help='e.g. "count to 12", "spell 4096", "reverse: hello"')
+    p.add_argument("--prompt", required=True, help='e.g. "count down from 12", "spell 4096"')
     p.add_argument("--max-new-tokens", type=int, default=None, help="default: until EOS or the context is full")
     p.add_argument("--temperature", type=float, default=0.0, help="0 = greedy")
     p.add_argument("--top-k", type=int, default=None)

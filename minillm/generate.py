@@ -27,7 +27,7 @@ class Generation:
 def check_request(prompt_ids: list[int], max_new_tokens: int | None, context: int) -> int:
     """Validate a request against the model's context; returns the effective max_new_tokens."""
     if len(prompt_ids) == 0:
-        raise InputError("the prompt is empty; give at least one token (e.g. --prompt 'count to 12')")
+        raise InputError("the prompt is empty; give at least one token (e.g. --prompt 'count down from 12')")
     if any(not 0 <= t < VOCAB_SIZE for t in prompt_ids):
         raise InputError(f"prompt ids must lie in [0, {VOCAB_SIZE}); got {min(prompt_ids)}..{max(prompt_ids)}")
     if len(prompt_ids) >= context:

@@ -1,14 +1,19 @@
 """The synthetic instruction tasks the tiny model is trained on.
 
 Each task maps a prompt to exactly one correct reply that a person can check by eye, and
-the prompt sets the reply length, from a single token ("count from 7 to 7" -> "7") to 500
-("count to 152"). That spread of reply lengths is what makes batching interesting:
+the prompt sets the reply length, from a single token ("count down from 1" -> "1") to 499
+("count down from 152"). That spread of reply lengths is what makes batching interesting:
 in a crowd of these requests some finish almost at once and some run for hundreds of steps.
 
+Both tasks have a *local* stop rule, one the model can see in the last few tokens:
+a countdown stops after "1", a spelling stops when the digits of the prompt run out.
+A 3 M-parameter model learns such rules in minutes and applies them to prompts it never saw.
+Counting *up* ("count to 37") was tried and dropped: to stop there the model must match the
+number it just wrote against one in the prompt, and after 3800 steps it stopped right on 0 of
+18 unseen end numbers (it memorised the ends it had seen), while "count down from N" got 14 of 17.
+
 A fixed tenth of all prompts (by a hash of the text) is held out of training, so accuracy
-is measured on prompts the model has never seen. The prompt space is large (thousands of
-(start, end) pairs), so the model cannot memorise where each count stops: it has to learn
-to compare the number it just wrote with the one in the prompt.
+is measured on prompts the model has never seen.
 """
 
 from __future__ import annotations
@@ -19,39 +24,26 @@ import zlib
 from collections.abc import Callable
 
 DIGIT_WORDS = ["zero", "one", "two", "three", "four", "five", "six", "seven", "eight", "nine"]
-MAX_COUNT = 152  # "count to 152" is the longest reply: 499 bytes, then EOS
-
-
-def draw_range(rng: random.Random) -> tuple[int, int]:
-    """(low, high) with 1 <= low <= high <= MAX_COUNT. The span is half uniform, half log-uniform:
-    short counts are cheap and each one teaches where to stop."""
-    if rng.random() < 0.5:
-        span = rng.randint(0, MAX_COUNT - 1)
-    else:
-        span = min(MAX_COUNT - 1, int(math.exp(rng.uniform(0, math.log(MAX_COUNT)))) - 1)
-    low = 1 if rng.random() < 0.25 else rng.randint(1, MAX_COUNT - span)
-    return low, low + span
-
-
-def count_example(rng: random.Random) -> tuple[str, str]:
-    low, high = draw_range(rng)
-    prompt = f"count to {high}" if low == 1 else f"count from {low} to {high}"
-    return prompt, " ".join(str(i) for i in range(low, high + 1))
+MAX_COUNT = 152  # "count down from 152" is the longest reply: 499 bytes, then EOS
+MAX_DIGITS = 6  # "spell 999999" is the longest spelling
 
 
 def countdown_example(rng: random.Random) -> tuple[str, str]:
-    low, high = draw_range(rng)
-    prompt = f"count down from {high}" if low == 1 else f"count down from {high} to {low}"
-    return prompt, " ".join(str(i) for i in range(high, low - 1, -1))
+    # half uniform, half log-uniform: short countdowns are cheap and each one teaches the start and the stop
+    if rng.random() < 0.5:
+        start = rng.randint(1, MAX_COUNT)
+    else:
+        start = min(MAX_COUNT, int(math.exp(rng.uniform(0, math.log(MAX_COUNT + 1)))))
+    prompt = f"count down from {start}"
+    return prompt, " ".join(str(i) for i in range(start, 0, -1))
 
 
 def spell_example(rng: random.Random) -> tuple[str, str]:
-    number = str(rng.randint(0, 10 ** rng.randint(1, 6) - 1))
+    number = str(rng.randint(0, 10 ** rng.randint(1, MAX_DIGITS) - 1))
     return f"spell {number}", " ".join(DIGIT_WORDS[int(d)] for d in number)
 
 
 TASKS: dict[str, Callable[[random.Random], tuple[str, str]]] = {
-    "count": count_example,
     "countdown": countdown_example,
     "spell": spell_example,
 }
@@ -73,17 +65,8 @@ def sample(task: str, rng: random.Random, held_out: bool) -> tuple[str, str]:
 def solve(prompt: str) -> str | None:
     """The correct reply for a prompt of any task, or None if the prompt fits no task."""
     words = prompt.split(" ")
-    numbers = [int(w) for w in words if w.isdigit()]
-    if prompt.startswith("spell ") and len(words) == 2 and words[1].isdigit():
+    if len(words) == 2 and words[0] == "spell" and words[1].isdigit():
         return " ".join(DIGIT_WORDS[int(d)] for d in words[1])
-    shapes = {
-        ("count", "to", "#"): lambda n: range(1, n[0] + 1),
-        ("count", "from", "#", "to", "#"): lambda n: range(n[0], n[1] + 1),
-        ("count", "down", "from", "#"): lambda n: range(n[0], 0, -1),
-        ("count", "down", "from", "#", "to", "#"): lambda n: range(n[0], n[1] - 1, -1),
-    }
-    shape = tuple("#" if w.isdigit() else w for w in words)
-    if shape not in shapes or not numbers or min(numbers) < 1:
-        return None
-    values = list(shapes[shape](numbers))
-    return " ".join(map(str, values)) or None
+    if len(words) == 4 and words[:3] == ["count", "down", "from"] and words[3].isdigit() and int(words[3]) >= 1:
+        return " ".join(str(i) for i in range(int(words[3]), 0, -1))
+    return None

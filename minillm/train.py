@@ -32,14 +32,14 @@ IGNORE = -100  # cross_entropy skips targets with this id
 
 @dataclass
 class TrainConfig:
-    steps: int = 3800
+    steps: int = 3000
     tokens_per_batch: int = 4096  # padded tokens per optimizer step
     lr: float = 2e-3
     warmup_steps: int = 100
     weight_decay: float = 0.01
     seed: int = 0
     bf16: bool = True  # bfloat16 matmuls on CPUs that do them natively (AVX512-BF16 / AMX), ~2x faster; else float32
-    task_weights: dict[str, float] = field(default_factory=lambda: {"count": 0.35, "countdown": 0.35, "spell": 0.3})
+    task_weights: dict[str, float] = field(default_factory=lambda: {"countdown": 0.5, "spell": 0.5})
 
 
 def make_batch(rng: random.Random, task: str, tokens_per_batch: int) -> tuple[torch.Tensor, torch.Tensor]:
@@ -110,13 +110,23 @@ def train(
     return model.eval(), stats | {"train_config": asdict(cfg)}
 
 
+def distinct_held_out_prompts(task: str, rng: random.Random, count: int) -> list[str]:
+    """Up to `count` different held-out prompts of `task` (fewer when the task has fewer: countdown has 17)."""
+    prompts: dict[str, None] = {}  # an ordered set
+    for _ in range(200 * count):
+        prompts[tasks.sample(task, rng, held_out=True)[0]] = None
+        if len(prompts) == count:
+            break
+    return list(prompts)
+
+
 @torch.no_grad()
 def evaluate(model: Transformer, per_task: int = 50, seed: int = 1234, progress: bool = True) -> dict[str, dict]:
-    """Greedy exact-match accuracy per task on held-out prompts the model never trained on."""
+    """Greedy exact-match accuracy per task on distinct held-out prompts the model never trained on."""
     rng = random.Random(seed)
     results = {}
     for task in tqdm(tasks.TASKS, desc="evaluating", disable=not progress):
-        prompts = [tasks.sample(task, rng, held_out=True)[0] for _ in range(per_task)]
+        prompts = distinct_held_out_prompts(task, rng, per_task)
         correct = 0
         failures = []
         for prompt in prompts:

@@ -25,17 +25,17 @@ from minillm.tokenizer import encode_prompt
 # Static batching makes E..H wait for B. Each prompt's true reply is at least as long as
 # its fixed length, so the text on screen is real model output, cut off by the length limit.
 SEED_STORY = [
-    ("A", "count to 7", 12),
-    ("B", "count to 152", 499),
-    ("C", "count down from 74 to 60", 42),
-    ("D", "count from 100 to 110", 42),
-    ("E", "count to 151", 495),
+    ("A", "count down from 7", 12),
+    ("B", "count down from 152", 499),
+    ("C", "count down from 20", 42),
+    ("D", "count down from 18", 42),
+    ("E", "count down from 151", 495),
     ("F", "count down from 150", 470),
-    ("G", "count to 149", 465),
-    ("H", "count down from 40 to 28", 35),
+    ("G", "count down from 146", 465),
+    ("H", "count down from 16", 35),
 ]
 SEED_STORY_SLOTS = 4
-MAX_REPLY = 500  # longest reply a chat workload asks for ("count to 152": 499 tokens + EOS)
+MAX_REPLY = 500  # longest reply a chat workload asks for ("count down from 152": 499 tokens + EOS)
 
 
 def seed_story() -> list[Request]:

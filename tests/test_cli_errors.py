@@ -17,9 +17,9 @@ def run_cli(capsys, *argv):
     [
         (["--prompt", ""], ["prompt is empty"]),
         (["--prompt", "x" * 2000], ["context is 1024", "shorten the prompt"]),
-        (["--prompt", "count to 3", "--max-new-tokens", "0"], ["max_new_tokens must be at least 1"]),
-        (["--prompt", "count to 3", "--max-new-tokens", "5000"], ["use max_new_tokens <="]),
-        (["--prompt", "count to 3", "--temperature", "-1"], ["temperature must be >= 0"]),
+        (["--prompt", "count down from 3", "--max-new-tokens", "0"], ["max_new_tokens must be at least 1"]),
+        (["--prompt", "count down from 3", "--max-new-tokens", "5000"], ["use max_new_tokens <="]),
+        (["--prompt", "count down from 3", "--temperature", "-1"], ["temperature must be >= 0"]),
     ],
 )
 def test_bad_generate_input(capsys, argv, needles):
@@ -32,7 +32,7 @@ def test_bad_generate_input(capsys, argv, needles):
 
 @pytest.mark.skipif(torch.cuda.is_available(), reason="this machine has a GPU")
 def test_cuda_without_gpu_says_so(capsys):
-    code, _, err = run_cli(capsys, "generate", "--prompt", "count to 3", "--device", "cuda")
+    code, _, err = run_cli(capsys, "generate", "--prompt", "count down from 3", "--device", "cuda")
     assert code == 2 and "no CUDA GPU" in err and "--device cpu" in err
 
 

@@ -63,7 +63,7 @@ def check_random_model(generate_greedy) -> None:
 
 def check_shipped_model(generate_greedy) -> None:
     model = shipped_model()
-    for text, n in (("count to 12", 40), ("spell 4096", 40), ("letters c to h", 20), ("count to 40", 10)):
+    for text, n in (("count down from 12", 40), ("spell 4096", 40), ("letters c to h", 20), ("count down from 40", 10)):
         check_matches_reference(generate_greedy, model, encode_prompt(text), n, f"shipped model, prompt {text!r}")
 
 

@@ -45,12 +45,12 @@ def ttft_tpot(request):
 def real_trace(policy: str) -> Trace:
     """Two seats, seven users, 40 steps: some queue, some end on EOS, some on length, one never ends."""
     requests = [
-        Request("count-3", encode_prompt("count to 3"), 20),  # ends on EOS
-        Request("count-2", encode_prompt("count to 2"), 20),  # ends on EOS
+        Request("count-3", encode_prompt("count down from 3"), 20),  # ends on EOS
+        Request("count-2", encode_prompt("count down from 2"), 20),  # ends on EOS
         Request("letters", encode_prompt("letters a to c"), 20),  # waits for a seat
         Request("one-token", encode_prompt("spell 7"), 1, arrival_step=1, ignore_eos=True),  # TPOT undefined
-        Request("cut-short", encode_prompt("count to 40"), 6, arrival_step=2),  # ends on length
-        Request("long", encode_prompt("count to 60"), 200, arrival_step=3),  # still running at the end
+        Request("cut-short", encode_prompt("count down from 40"), 6, arrival_step=2),  # ends on length
+        Request("long", encode_prompt("count down from 60"), 200, arrival_step=3),  # still running at the end
         Request("rejected", encode_prompt("spell 42"), 0),  # max_new_tokens 0: rejected, never finishes
     ]
     scheduler = {"static": StaticScheduler, "continuous": ContinuousScheduler}[policy]()
