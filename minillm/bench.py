@@ -24,7 +24,7 @@ from minillm.workload import ChatKnobs
 @dataclass
 class BenchSettings:
     quick: bool = False
-    repeats: int = 5
+    repeats: int = 15  # median of 15 steps: one burst of background work on a shared machine cannot move it
 
     @property
     def batch_sizes(self) -> list[int]:
