@@ -10,6 +10,7 @@ from minillm.errors import ConfigError, MinillmError
 
 
 def cmd_generate(args: argparse.Namespace) -> None:
+    from minillm import tasks
     from minillm.checkpoint import load_model
     from minillm.errors import InputError
     from minillm.generate import generate
@@ -32,6 +33,8 @@ def cmd_generate(args: argparse.Namespace) -> None:
     print(decode(out.tokens))
     rate = len(out.tokens) / seconds if seconds > 0 else 0.0
     print(f"[{len(out.tokens)} tokens, stopped by {out.finish_reason}, {rate:.0f} tokens/s]", file=sys.stderr)
+    if not tasks.is_trained_shape(args.prompt):
+        print(f"note: the model was trained only on {tasks.KNOWN_TASKS}; expect nonsense here", file=sys.stderr)
 
 
 def cmd_train(args: argparse.Namespace) -> None:

@@ -26,6 +26,7 @@ from collections.abc import Callable
 DIGIT_WORDS = ["zero", "one", "two", "three", "four", "five", "six", "seven", "eight", "nine"]
 MAX_COUNT = 152  # "count down from 152" is the longest reply: 499 bytes, then EOS
 MAX_DIGITS = 6  # "spell 999999" is the longest spelling
+KNOWN_TASKS = f"'count down from N' (N from 1 to {MAX_COUNT}) and 'spell N' (N up to {MAX_DIGITS} digits)"
 
 
 def countdown_example(rng: random.Random) -> tuple[str, str]:
@@ -70,3 +71,11 @@ def solve(prompt: str) -> str | None:
     if len(words) == 4 and words[:3] == ["count", "down", "from"] and words[3].isdigit() and int(words[3]) >= 1:
         return " ".join(str(i) for i in range(int(words[3]), 0, -1))
     return None
+
+
+def is_trained_shape(prompt: str) -> bool:
+    """True if the prompt is one of the tasks, within the sizes training drew (held-out prompts included)."""
+    if solve(prompt) is None:
+        return False
+    number = prompt.split(" ")[-1]
+    return len(number) <= MAX_DIGITS if prompt.startswith("spell") else int(number) <= MAX_COUNT

@@ -52,4 +52,10 @@ def test_generate_prints_the_reply(capsys):
     code, out, err = run_cli(capsys, "generate", "--prompt", "count down from 12")
     assert code == 0
     assert out.strip() == "12 11 10 9 8 7 6 5 4 3 2 1"
-    assert "stopped by eos" in err
+    assert "stopped by eos" in err and "nonsense" not in err
+
+
+@pytest.mark.parametrize("prompt", ["count to 5", "spell 1234567", "count down from 153"])
+def test_generate_warns_when_the_prompt_is_outside_the_training_tasks(capsys, prompt):
+    code, _, err = run_cli(capsys, "generate", "--prompt", prompt, "--max-new-tokens", "3")
+    assert code == 0 and "trained only on 'count down from N'" in err

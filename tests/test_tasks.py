@@ -35,3 +35,10 @@ def test_the_held_out_split_is_about_a_tenth_and_never_drawn_for_training():
 @pytest.mark.parametrize("prompt", ["count to 5", "count down from 0", "count down from x", "spell", "spell 4x", ""])
 def test_prompts_outside_the_tasks_have_no_answer(prompt):
     assert tasks.solve(prompt) is None
+
+
+def test_trained_shapes_cover_the_tasks_within_their_sizes():
+    assert tasks.is_trained_shape("count down from 152") and tasks.is_trained_shape("spell 999999")
+    assert tasks.is_trained_shape("count down from 123")  # held out, but of a trained shape
+    assert not tasks.is_trained_shape("count down from 153") and not tasks.is_trained_shape("spell 1234567")
+    assert not tasks.is_trained_shape("count to 5")
