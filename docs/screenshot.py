@@ -1,6 +1,6 @@
 """Screenshot the running app with headless chromium, driven over the DevTools protocol (localhost only).
 
-    python docs/screenshot.py http://localhost:8599/?step=300 docs/app.png [--play SECONDS]
+    python docs/screenshot.py http://localhost:8599/?step=300 docs/app.png [--play SECONDS] [--view what-if]
 
 Waits until the app has drawn a frame (a plain --screenshot fires before the engine's first run
 is done), optionally presses play for a while, then saves the PNG. Prints the step caption
@@ -29,7 +29,10 @@ CHROMIUM_FLAGS = [
     "--no-first-run",
     "--hide-scrollbars",
 ]
-CAPTION_JS = "[...document.querySelectorAll('p')].map(p => p.innerText).find(t => /^step \\d+ of/.test(t)) || ''"
+# the player's caption: "step 300 of 993" (the tiny model) or "12.5 s of 75.6 s (simulated)" (the what-if view)
+CAPTION_JS = (
+    "[...document.querySelectorAll('p')].map(p => p.innerText).find(t => /^(step \\d+|[\\d.]+ s) of/.test(t)) || ''"
+)
 RUNNING_JS = "document.querySelector('[data-test-script-state]')?.dataset.testScriptState !== 'notRunning'"
 PLAY_JS = "[...document.querySelectorAll('button')].find(b => b.innerText.includes('play')).click()"
 
@@ -98,5 +101,7 @@ if __name__ == "__main__":
     parser.add_argument("--play", type=float, default=0, help="seconds to play before the screenshot")
     parser.add_argument("--port", type=int, default=9333, help="chromium's DevTools port")
     parser.add_argument("--size", default="1600,1000", help="browser window, width,height")
+    parser.add_argument("--view", default=None, help="the tab to open, e.g. what-if (default: the step player)")
     args = parser.parse_args()
-    asyncio.run(screenshot(args.url, args.out, args.play, args.port, args.size))
+    url = args.url + (("&" if "?" in args.url else "?") + f"view={args.view}" if args.view else "")
+    asyncio.run(screenshot(url, args.out, args.play, args.port, args.size))

@@ -2,7 +2,8 @@
 # Screenshot of the app for the README: starts streamlit on localhost, waits until it answers,
 # opens the seed story at a step (side by side) in headless chromium, saves docs/app.png.
 #   apt-get install -y chromium   # once (Debian)
-#   bash docs/screenshot.sh [step] [port] [--play SECONDS]
+#   bash docs/screenshot.sh [step] [port] [--play SECONDS] [--view what-if] [--size W,H]
+#   OUT=/tmp/whatif.png bash docs/screenshot.sh 0 8599 --view what-if   # another file (default docs/app.png)
 set -euo pipefail
 cd "$(dirname "$0")/.."
 step="${1:-300}"
@@ -20,5 +21,6 @@ for _ in $(seq 120); do  # the health endpoint answers once the server is up
 done
 echo "server answering after $(( ($(date +%s%N) - began) / 1000000 )) ms"
 
-python docs/screenshot.py "http://localhost:$port/?step=$step" docs/app.png "${@:3}"
-echo "wrote docs/app.png"
+out="${OUT:-docs/app.png}"
+python docs/screenshot.py "http://localhost:$port/?step=$step" "$out" "${@:3}"
+echo "wrote $out"

@@ -14,8 +14,9 @@ from dataclasses import dataclass
 
 import torch
 
+from minillm.bench_scheduling import BENCHES as SCHEDULING_BENCHES
 from minillm.kv_cache import ContiguousKVCache, PagedKVCache
-from minillm.metrics import summarize
+from minillm.metrics import busy_seats, summarize
 from minillm.model import Transformer
 from minillm.run import run_workload
 from minillm.workload import ChatKnobs
@@ -36,8 +37,9 @@ def sync(device: torch.device) -> None:
         torch.cuda.synchronize()
 
 
-def median_time(fn, repeats: int, device: torch.device) -> float:
-    fn()  # warm-up
+def median_time(fn, repeats: int, device: torch.device, warmup: int = 3) -> float:
+    for _ in range(warmup):  # a fresh process's first calls run up to twice as slow (allocations, caches)
+        fn()
     times = []
     for _ in range(repeats):
         sync(device)
@@ -53,7 +55,7 @@ def decode_step_time(model: Transformer, batch: int, context: int, layout: str, 
     """Median seconds of one batched decode step: `batch` sequences with about `context` cached tokens
     (each timed step adds one token, so the context grows by `repeats` + 1 over the measurement)."""
     device = next(model.parameters()).device
-    longest = context + repeats + 2
+    longest = context + repeats + 4  # (the warm-up calls add tokens too)
     if layout == "paged":
         blocks = batch * -(-longest // block_size)
         cache = PagedKVCache(model.cfg, num_blocks=blocks, block_size=block_size, device=device)
@@ -89,11 +91,11 @@ def bench_paged_vs_contiguous_step(model: Transformer, s: BenchSettings) -> dict
     return {"rows": rows, "worst_ratio_at_32": at32, "goal": 1.3, "met": at32 <= 1.3}
 
 
-def serve(model, workload, scheduler, kv, slots, knobs, num_blocks=None, seed=0):
-    """Run a workload (run.run_workload) and summarize it, with the peak number of busy seats."""
-    trace = run_workload(model, workload, scheduler, kv, slots, num_blocks, knobs=knobs, seed=seed)
-    busy = [sum(1 for slot in st.slots if slot and slot["state"] != "held") for st in trace.steps]
-    return summarize(trace) | {"peak_concurrency": max(busy)}, trace
+def serve(model, workload, scheduler, kv, slots, knobs, num_blocks=None, seed=0, **engine):
+    """Run a workload (run.run_workload) and summarize it, with the peak number of busy seats.
+    engine: token_budget, prefix_caching."""
+    trace = run_workload(model, workload, scheduler, kv, slots, num_blocks, knobs=knobs, seed=seed, **engine)
+    return summarize(trace) | {"peak_concurrency": max(busy_seats(st) for st in trace.steps)}, trace
 
 
 def bench_static_vs_continuous(model: Transformer, s: BenchSettings) -> dict:
@@ -184,7 +186,7 @@ BENCHES = {
     "memory": bench_memory,
     "overhead": bench_overhead,
     "two_by_two": bench_two_by_two,
-}
+} | SCHEDULING_BENCHES
 
 
 def machine_description(device: torch.device) -> str:

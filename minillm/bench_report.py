@@ -9,9 +9,9 @@ import matplotlib
 matplotlib.use("Agg")
 import matplotlib.pyplot as plt  # noqa: E402
 
+from minillm import bench_report_scheduling as scheduling  # noqa: E402
 
-def verdict(met: bool) -> str:
-    return "**met**" if met else "**not met**"
+verdict = scheduling.verdict
 
 
 def plot_all(results: dict, out: Path) -> list[Path]:
@@ -64,7 +64,7 @@ def plot_all(results: dict, out: Path) -> list[Path]:
         ax.bar(labels, [r["tokens_per_s"] for r in rows], color=["tab:grey", "tab:blue", "tab:olive", "tab:green"])
         ax.set(ylabel="tokens/s", title="{static, continuous} x {contiguous, paged}, same KV memory")
         paths.append(_save(fig, out / "two_by_two.png"))
-    return paths
+    return paths + scheduling.plots(results, out, _save)
 
 
 def _save(fig, path: Path) -> Path:
@@ -170,4 +170,5 @@ def markdown(results: dict, command: str, plot_dir: str | None = None) -> str:
             "",
         ]
         img("two_by_two")
+    lines += scheduling.markdown(results, img)
     return "\n".join(lines)

@@ -67,10 +67,14 @@ class EngineConfig:
     block_size: int = 16  # tokens per KV block (paged); also the unit the app draws memory in
     num_blocks: int | None = None  # paged pool size; default: the same memory the contiguous layout reserves
     max_len: int = 1024  # longest prompt + reply one sequence may reach (the contiguous row length)
+    prefix_caching: bool = False  # share full KV blocks between requests whose prompts start alike (paged only)
+    record_blocks: bool = True  # record every request's block table at every step (the app's KV map; big on long runs)
 
     def __post_init__(self) -> None:
         if self.kv not in ("paged", "contiguous"):
             raise ConfigError(f"kv must be 'paged' or 'contiguous', got {self.kv!r}")
+        if self.prefix_caching and self.kv != "paged":
+            raise ConfigError("prefix caching shares KV blocks, so it needs kv='paged'")
         for name in ("slots", "block_size", "max_len"):
             value = getattr(self, name)
             if not isinstance(value, int) or value < 1:

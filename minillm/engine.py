@@ -1,66 +1,65 @@
 """The engine: one loop, whatever the scheduling policy.
 
 Every step:
-  1. schedule  - the policy names requests to preempt and to admit (scheduler.py)
-  2. preempt   - free the victims' KV, send them back to the front of the queue
-  3. prefill   - each admitted request reads its prompt (plus any earlier output) and
-                 produces its first token; it takes its seat
-  4. decode    - every request that was already seated produces one token, all in ONE
-                 batched forward: this is where batching pays
-  5. finish    - EOS or length: free its KV at once; the seat is free for the next step
-                 (or held idle, under a policy that holds seats)
-  6. record    - a StepRecord for the trace
+  1. arrive    - requests whose arrival time has come join the waiting queue
+  2. schedule  - the policy names requests to preempt and to admit, and how many tokens each
+                 seated request runs this step (scheduler.py)
+  3. preempt   - free the victims' KV, send them back to the front of the queue
+  4. admit     - each admitted request takes a free seat (and, with prefix caching, the KV
+                 blocks of its prompt's start that are already cached)
+  5. run       - every seated request with tokens to run is one row of ONE forward: decode rows
+                 run 1 token, prompts a chunk or the whole prompt (packing.py, runner.py)
+  6. finish    - rows that reached the end of their sequence got a token; EOS or length ends a
+                 request and frees its KV at once; its seat is free for the next step (or held
+                 idle, under a policy that holds seats)
+  7. record    - a StepRecord for the trace
 
-Prefill and decode share a step but not a forward: each admitted prompt is prefilled on
-its own (no padding), then the seated requests decode together. So every request in the
-batch produces exactly one token per step, and a newcomer's first token comes in the
-step it is admitted.
+The engine never knows what runs the forward: the real model (runner.ModelRunner) or a
+simulated card on a virtual clock (simulate.py). Both give it next tokens and a clock.
 """
 
 from __future__ import annotations
 
-import time
+import bisect
 from collections import deque
 
-import torch
+from torch import nn
 
 from minillm.config import EngineConfig
-from minillm.kv_cache import ContiguousKVCache, PagedKVCache
-from minillm.model import Transformer
+from minillm.packing import pack
 from minillm.request import Request, State
+from minillm.runner import ModelRunner
 from minillm.scheduler import Plan, Scheduler
-from minillm.tokenizer import EOS, VOCAB_SIZE
+from minillm.tokenizer import EOS
 from minillm.trace import RequestRecord, StepRecord, Trace
+
+WAITING_RECORDED = 100  # ids of the queue's head recorded per step (the length is always recorded)
 
 
 class EngineError(RuntimeError):
     """A scheduler returned a plan the engine cannot carry out (a bug in the policy)."""
 
 
-def make_cache(model: Transformer, cfg: EngineConfig) -> ContiguousKVCache | PagedKVCache:
-    device, max_len = next(model.parameters()).device, min(cfg.max_len, model.cfg.max_seq_len)
-    if cfg.kv == "contiguous":
-        return ContiguousKVCache(model.cfg, cfg.slots, max_len, device=device, block_size=cfg.block_size)
-    num_blocks = cfg.num_blocks or cfg.slots * -(-max_len // cfg.block_size)
-    return PagedKVCache(model.cfg, num_blocks, cfg.block_size, device=device)
+def arrival_key(r: Request) -> float:
+    return r.arrival_s if r.arrival_s is not None else r.arrival_step
 
 
 class Engine:
-    def __init__(
-        self, model: Transformer, scheduler: Scheduler, cfg: EngineConfig | None = None, meta: dict | None = None
-    ):
-        self.model, self.scheduler, self.cfg = model.eval(), scheduler, cfg or EngineConfig()
-        self.max_len = min(self.cfg.max_len, model.cfg.max_seq_len)
-        self.cache = make_cache(model, self.cfg)
-        self.device = next(model.parameters()).device
+    def __init__(self, model, scheduler: Scheduler, cfg: EngineConfig | None = None, meta: dict | None = None):
+        """model: a Transformer (served by a ModelRunner), or any runner (e.g. a simulated card)."""
+        self.runner = ModelRunner(model) if isinstance(model, nn.Module) else model
+        self.model = getattr(self.runner, "model", None)
+        self.scheduler, self.cfg = scheduler, cfg or EngineConfig()
+        self.max_len = min(self.cfg.max_len, self.runner.max_len)
+        self.cache = self.runner.make_cache(self.cfg, self.max_len)
+        self.device, self.clock = self.runner.device, self.runner.clock
         self.seats: list[Request | None] = [None] * self.cfg.slots
-        self.pending: list[Request] = []  # submitted, not yet arrived (sorted by arrival step)
+        self.pending: list[Request] = []  # submitted, not yet arrived (sorted by arrival)
         self.waiting: deque[Request] = deque()  # arrived, in queue order
         self.requests: list[Request] = []  # everything submitted, in order
         self.records: list[StepRecord] = []
         self.step_no, self.admissions = 0, 0
         self.meta = meta or {}
-        self.start = time.perf_counter()
 
     # --- submitting ------------------------------------------------------------------------------
     def submit(self, request: Request) -> bool:
@@ -70,15 +69,14 @@ class Engine:
         if reason:
             request.state, request.finish_reason = State.REJECTED, f"rejected: {reason}"
             return False
-        self.pending.append(request)
-        self.pending.sort(key=lambda r: r.arrival_step)  # stable: same-step arrivals keep submit order
+        bisect.insort(self.pending, request, key=arrival_key)  # same-time arrivals keep submit order
         return True
 
     def rejection_reason(self, r: Request) -> str | None:
         if not r.prompt_ids:
             return "empty prompt"
-        if any(not 0 <= t < VOCAB_SIZE for t in r.prompt_ids):
-            return f"prompt ids must lie in [0, {VOCAB_SIZE})"
+        if any(not 0 <= t < self.runner.vocab_size for t in r.prompt_ids):
+            return f"prompt ids must lie in [0, {self.runner.vocab_size})"
         if r.max_new_tokens < 1:
             return f"max_new_tokens must be at least 1, got {r.max_new_tokens}"
         if r.max_cached_tokens >= self.max_len:
@@ -93,11 +91,29 @@ class Engine:
             )
         return None
 
-    # --- running ---------------------------------------------------------------------------------
-    def has_work(self) -> bool:
-        return bool(self.pending or self.waiting or any(r and not r.is_finished for r in self.seats))
+    def abort(self, request_id: str, reason: str = "aborted") -> bool:
+        """Stop a request wherever it is (queued, waiting, running): its seat and KV blocks are free at once."""
+        r = next((r for r in self.requests if r.id == request_id and not r.is_finished), None)
+        if r is None:
+            return False
+        if r in self.pending:
+            self.pending.remove(r)
+        elif r in self.waiting:
+            self.waiting.remove(r)
+        elif r.seat is not None:
+            self.cache.free(r.seat)
+            self.seats[r.seat] = None
+        r.state, r.finish_reason, r.finish_step, r.finish_s = State.FINISHED, reason, self.step_no, self.clock.now()
+        return True
 
-    def run(self, max_steps: int = 100_000, progress: bool = False) -> Trace:
+    # --- running ---------------------------------------------------------------------------------
+    def running(self) -> list[Request]:
+        return [r for r in self.seats if r is not None and not r.is_finished]
+
+    def has_work(self) -> bool:
+        return bool(self.pending or self.waiting or self.running())
+
+    def run(self, max_steps: int = 1_000_000, progress: bool = False) -> Trace:
         from tqdm import tqdm
 
         total = sum(r.max_new_tokens for r in self.pending + list(self.waiting))
@@ -106,34 +122,49 @@ class Engine:
                 bar.update(self.step().tokens)
         return self.trace()
 
-    @torch.no_grad()
     def step(self) -> StepRecord:
-        begin = time.perf_counter()
-        while self.pending and self.pending[0].arrival_step <= self.step_no:
-            self.waiting.append(self.pending.pop(0))
+        self._wait_for_arrivals()
+        begin = self.clock.now()
+        while self.pending and self._arrived(self.pending[0], begin):
+            request = self.pending.pop(0)
+            request.arrival_step = self.step_no  # (for arrivals in seconds: the step it joined the queue)
+            self.waiting.append(request)
         plan = self.scheduler.schedule(list(self.waiting), list(self.seats), self.cache)
         self._check(plan)
         for victim in plan.preempt:
             self._preempt(victim)
-        decoding = [r for r in self.seats if r is not None and not r.is_finished]
-        held = [r for r in self.seats if r is not None and r.is_finished]
         if plan.admit and self.scheduler.holds_finished_seats:
-            for r in held:  # a new batch replaces the finished one
-                self.seats[r.seat] = None
-            held = []
-        produced: dict[str, int] = {}
+            for seat, r in enumerate(self.seats):  # a new batch replaces the finished one
+                if r is not None and r.is_finished:
+                    self.seats[seat] = None
         for request in plan.admit:
-            produced[request.id] = self._prefill(request)
-        if decoding:
-            for request, token in zip(decoding, self._decode(decoding, pad_to=len(decoding) + len(held))):
-                produced[request.id] = token
-        finished = [r for r in plan.admit + decoding if self._accept(r, produced[r.id])]
-        record = self._record(plan, decoding, finished, len(produced), begin)
+            self._admit(request)
+        running = self.running()
+        tokens = plan.tokens if plan.tokens is not None else {r.id: r.num_pending for r in running}
+        self._check_tokens(tokens, running)
+        rows = [(r, tokens[r.id]) for r in running if tokens.get(r.id, 0) > 0]
+        kinds = {r.id: "decode" if r.is_decoding else "prefill" for r, _ in rows}
+        held = sum(1 for r in self.seats if r is not None and r.is_finished)  # computed anyway: a fixed-shape batch
+        batch = pack(rows, padding_rows=held)
+        produced = self.runner.run(batch, self.cache) if rows else []
+        for request, n in rows:
+            self._computed(request, n, kinds[request.id])
+        finished = [r for r, token in zip(batch.sampled, produced) if self._accept(r, token)]
+        made = {r.id for r in batch.sampled}
+        record = self._record(plan, rows, kinds, made, finished, batch.padding_rows, begin)
         self.step_no += 1
         return record
 
+    def _arrived(self, r: Request, now: float) -> bool:
+        return r.arrival_s <= now if r.arrival_s is not None else r.arrival_step <= self.step_no
+
+    def _wait_for_arrivals(self) -> None:
+        """Nothing to run and the next arrival is a time in the future: let the clock run to it."""
+        if not self.waiting and not self.running() and self.pending and self.pending[0].arrival_s is not None:
+            self.clock.wait_until(self.pending[0].arrival_s)
+
     def _check(self, plan: Plan) -> None:
-        waiting_ids, running = {r.id for r in self.waiting}, [r for r in self.seats if r and not r.is_finished]
+        waiting_ids, running = {r.id for r in self.waiting}, self.running()
         if any(r.id not in waiting_ids for r in plan.admit):
             raise EngineError("the scheduler admitted a request that is not waiting")
         if len({r.id for r in plan.admit}) < len(plan.admit):
@@ -144,43 +175,43 @@ class Engine:
         if len(plan.admit) > free + len(plan.preempt):
             raise EngineError(f"the scheduler admitted {len(plan.admit)} requests into {free} free seats")
 
+    def _check_tokens(self, tokens: dict[str, int], running: list[Request]) -> None:
+        pending = {r.id: r.num_pending for r in running}
+        for rid, n in tokens.items():
+            if rid not in pending:
+                raise EngineError(f"the plan gives tokens to {rid!r}, which is not running")
+            if not isinstance(n, int) or not 0 <= n <= pending[rid]:
+                raise EngineError(f"the plan gives {rid!r} {n!r} tokens; it has {pending[rid]} to run")
+
     def _preempt(self, request: Request) -> None:
         self.cache.free(request.seat)
         self.seats[request.seat], request.seat = None, None
-        request.state, request.preemptions = State.WAITING, request.preemptions + 1
+        request.state, request.preemptions, request.num_computed = State.WAITING, request.preemptions + 1, 0
         self.waiting.appendleft(request)  # front of the queue: it was there first
 
-    def _prefill(self, request: Request) -> int:
+    def _admit(self, request: Request) -> None:
         self.waiting.remove(request)
         seat = self.seats.index(None)
         self.seats[seat], request.seat, request.state = request, seat, State.RUNNING
         request.admit_order, self.admissions = self.admissions, self.admissions + 1
         if request.admit_step is None:
             request.admit_step = self.step_no
-        tokens = request.prompt_ids + request.output_ids  # recompute after a preemption
-        positions = self.cache.prepare([seat], len(tokens))
-        logits = self.model(torch.tensor([tokens], device=self.device), positions, self.cache, last_only=True)
-        return self._sample(logits[:, -1], [request])[0]
+        if self.cfg.prefix_caching:  # start on the cached blocks of the prompt's beginning, if any
+            request.num_computed = self.cache.claim_prefix(seat, request.tokens)
+            request.cached_prompt_tokens += request.num_computed
 
-    def _decode(self, requests: list[Request], pad_to: int) -> list[int]:
-        last = torch.tensor([[r.output_ids[-1]] for r in requests], device=self.device)  # (B, 1)
-        positions = self.cache.prepare([r.seat for r in requests], 1)  # (B, 1)
-        if pad_to > len(requests):  # held seats: a fixed-shape batch still computes their rows
-            positions = self.cache.pad_rows(pad_to)
-            last = torch.cat([last, last[:1].expand(pad_to - len(requests), 1)])
-        logits = self.model(last, positions, self.cache)  # (B, 1, V)
-        return self._sample(logits[: len(requests), -1], requests)
-
-    def _sample(self, logits: torch.Tensor, requests: list[Request]) -> list[int]:
-        """Greedy. logits (B, V). A request that ignores EOS (fixed length) never picks it."""
-        if any(r.ignore_eos for r in requests):
-            logits = logits.clone()
-            logits[[i for i, r in enumerate(requests) if r.ignore_eos], EOS] = float("-inf")
-        return logits.argmax(dim=-1).tolist()
+    def _computed(self, request: Request, n: int, kind: str) -> None:
+        """`n` more of the request's tokens have their keys and values in the cache."""
+        before, request.num_computed = request.num_computed, request.num_computed + n
+        if kind == "prefill":
+            request.prefill_tokens += n
+        block = self.cfg.block_size
+        if self.cfg.prefix_caching and request.num_computed // block > before // block:  # a block just filled
+            self.cache.commit(request.seat, request.tokens[: request.num_computed])
 
     def _accept(self, request: Request, token: int) -> bool:
         """Append the new token; finish the request (freeing its KV) on EOS or length. True if it finished."""
-        now = time.perf_counter() - self.start
+        now = self.clock.now()
         if request.first_token_step is None:
             request.first_token_step, request.first_token_s = self.step_no, now
         if token == EOS and not request.ignore_eos:
@@ -198,34 +229,41 @@ class Engine:
         return True
 
     # --- recording -------------------------------------------------------------------------------
-    def _record(self, plan: Plan, decoding: list[Request], finished: list[Request], tokens: int, begin: float):
-        admitted, decoded = {r.id for r in plan.admit}, {r.id for r in decoding}
-        slots: list[dict | None] = []
-        for seat in range(self.cfg.slots):
-            r = self.seats[seat] or next((f for f in finished if f.seat == seat), None)
-            if r is None:
-                slots.append(None)
+    def _record(self, plan, rows, kinds, made: set[str], finished, padding: int, begin: float) -> StepRecord:
+        ran = {r.id: n for r, n in rows}
+        occupants = {r.seat: r for r in finished} | {s: r for s, r in enumerate(self.seats) if r is not None}
+        seats = []
+        for seat in sorted(occupants):
+            r = occupants[seat]
+            if r.id in ran:
+                seats.append([seat, r.id, kinds[r.id], ran[r.id], int(r.id in made)])
             else:
-                state = "prefill" if r.id in admitted else "decode" if r.id in decoded else "held"
-                slots.append({"id": r.id, "state": state})
-        live = {r.seat: r for r in self.seats if r is not None and not r.is_finished}
-        tables = self.cache.block_map(sorted(live))
-        now = time.perf_counter()
+                seats.append([seat, r.id, "held" if r.is_finished else "stalled", 0, 0])
+        live = {r.seat: r for r in self.running()}
+        now = self.clock.now()
         record = StepRecord(
             step=self.step_no,
-            slots=slots,
-            waiting=[r.id for r in self.waiting],
+            num_seats=self.cfg.slots,
+            seats=seats,
+            waiting=[r.id for _, r in zip(range(WAITING_RECORDED), self.waiting)],
+            num_waiting=len(self.waiting),
             admitted=[r.id for r in plan.admit],
             finished=[r.id for r in finished],
             preempted=[r.id for r in plan.preempt],
-            tokens=tokens,
-            kv_blocks_used=sum(len(t) for t in tables.values()),
+            tokens=len(made),
+            padding_rows=padding,
+            kv_blocks_used=self.cache.blocks_in_use(list(live)),
             kv_blocks_total=self.cache.num_blocks,
-            wall_s=now - begin,
-            kv_tables={live[s].id: t for s, t in tables.items()},
-            kv_tokens={r.id: self.cache.lengths[s] for s, r in live.items()},
-            time_s=now - self.start,
+            kv_cached_blocks=self.cache.cached_free_blocks,
+            kv_tokens_stored=self.cache.stored_tokens,
+            wall_s=round(now - begin, 9),  # nanoseconds are plenty, and keep a long trace's JSON short
+            time_s=round(now, 9),
         )
+        if self.cfg.record_blocks:
+            tables = self.cache.block_map(sorted(live))
+            record.kv_tables = {live[s].id: t for s, t in tables.items()}
+            record.kv_tokens = {r.id: self.cache.seat_tokens(s) for s, r in live.items()}
+            record.kv_cached_free = self.cache.cached_free_block_ids()
         self.records.append(record)
         return record
 
@@ -237,27 +275,33 @@ class Engine:
             "block_size": self.cfg.block_size,
             "num_blocks": self.cache.num_blocks,
             "max_len": self.max_len,
+            "token_budget": getattr(self.scheduler, "token_budget", None),
+            "prefix_caching": self.cfg.prefix_caching,
             "device": str(self.device),
+            "clock": getattr(self.clock, "name", "wall"),
             "model": self.meta.get("model", "minillm"),
             "workload": self.meta.get("workload", "custom"),
             "seed": self.meta.get("seed"),
-        }
-        requests = [
-            RequestRecord(
-                id=r.id,
-                prompt_ids=list(r.prompt_ids),
-                output_ids=list(r.output_ids),
-                arrival_step=r.arrival_step,
-                admit_step=r.admit_step,
-                first_token_step=r.first_token_step,
-                finish_step=r.finish_step,
-                finish_reason=r.finish_reason,
-                preemptions=r.preemptions,
-                prompt=r.prompt,
-                max_new_tokens=r.max_new_tokens,
-                first_token_s=r.first_token_s,
-                finish_s=r.finish_s,
-            )
-            for r in self.requests
-        ]
-        return Trace(config=config, requests=requests, steps=list(self.records))
+        } | {k: v for k, v in self.meta.items() if k not in ("model", "workload", "seed")}
+        return Trace(config=config, requests=[request_record(r) for r in self.requests], steps=list(self.records))
+
+
+def request_record(r: Request) -> RequestRecord:
+    return RequestRecord(
+        id=r.id,
+        prompt_ids=list(r.prompt_ids),
+        output_ids=list(r.output_ids),
+        arrival_step=r.arrival_step,
+        admit_step=r.admit_step,
+        first_token_step=r.first_token_step,
+        finish_step=r.finish_step,
+        finish_reason=r.finish_reason,
+        preemptions=r.preemptions,
+        prompt=r.prompt,
+        max_new_tokens=r.max_new_tokens,
+        arrival_s=r.arrival_s,
+        first_token_s=r.first_token_s,
+        finish_s=r.finish_s,
+        prefill_tokens=r.prefill_tokens,
+        cached_prompt_tokens=r.cached_prompt_tokens,
+    )

@@ -1,17 +1,21 @@
 """KV caches: where each sequence's keys and values live between decode steps.
 
 Without a cache every new token re-reads the whole prompt and reply through the model.
-With one, a step only computes the new token and reads the rest back from memory.
+With one, a step only computes the new tokens and reads the rest back from memory.
 
 ContiguousKVCache is the pre-paging design: each seat reserves one row of `max_len`
 positions per layer up front, whether or not its sequence ever grows that long.
 PagedKVCache keeps one shared pool of small blocks and hands them out as sequences grow
-(see blocks.py), so memory holds real tokens, not reservations.
+(see blocks.py), so memory holds real tokens, not reservations. PagedKVBooks is its
+bookkeeping alone (the allocator and what a scheduler may ask) without any tensors: what a
+simulated card needs, whose pool would be gigabytes.
 
 Both follow one protocol, used by the engine and the model's attention layers:
     positions = cache.prepare(seats, num_new)   # before a forward: who, and how many new tokens
     out = cache.attend(layer, q, k, v)          # inside it: store this step's k/v, attend over all
     cache.free(seat)                            # the sequence left: its memory is reusable
+`num_new` is one number (every row runs as many tokens: a (B, T) rectangle) or one per row
+(a ragged step, see packing.py: rows laid end to end as (1, N), attending in groups of equal length).
 """
 
 from __future__ import annotations
@@ -22,11 +26,59 @@ from minillm.attention import attend, paged_gather, visible_mask
 from minillm.blocks import BlockAllocator, BlockPoolExhausted
 from minillm.config import ModelConfig
 from minillm.errors import InputError
+from minillm.packing import row_groups
 
 
 def kv_bytes_per_token(cfg: ModelConfig, dtype: torch.dtype = torch.float32) -> int:
     """Memory one token occupies in the cache: a key and a value vector per kv head, per layer."""
     return cfg.n_layers * 2 * cfg.n_kv_heads * cfg.head_dim * torch.finfo(dtype).bits // 8
+
+
+class RaggedRows:
+    """The rows of one forward as a cache sees them: positions of every new token, and the groups that attend.
+
+    rows_by_token gives, per token, the row it belongs to; each group's `rows` index per-row tensors
+    (seats, block tables) and its `positions` are (G, T). Padding rows copy the first 1-token row."""
+
+    def __init__(self, starts: list[int], counts: list[int], padding_rows: int, rectangle: bool, device):
+        self.copy_of = list(range(len(starts)))  # row -> the row whose seat it uses (itself, or the one padding copies)
+        if padding_rows:
+            first = counts.index(1)
+            starts, counts = starts + [starts[first]] * padding_rows, counts + [1] * padding_rows
+            self.copy_of += [first] * padding_rows
+        flat = [start + t for start, n in zip(starts, counts) for t in range(n)]
+        self.positions = torch.tensor(flat, device=device)  # (N,)
+        self.rectangle = rectangle  # (B, T) in, (B, T) out
+        self.shape = (len(counts), counts[0]) if rectangle else (1, len(flat))
+        self.row_of_token = torch.repeat_interleave(
+            torch.arange(len(counts), device=device), torch.tensor(counts, device=device)
+        )
+        self.groups = []  # (token index (G*T,) or None, rows (G,), positions (G, T))
+        for g in row_groups(counts):
+            index = None if g.token_index is None else torch.tensor(g.token_index, device=device)
+            positions = self.positions if index is None else self.positions[index]
+            self.groups.append((index, torch.tensor(g.rows, device=device), positions.view(len(g.rows), g.length)))
+
+    def attend_by_group(self, q: torch.Tensor, keys_of, mask_width) -> torch.Tensor:
+        """Attention for every group. q (N, H, D); keys_of(rows) -> keys, values (G, S, Hkv, D). Returns (N, H, D)."""
+        out = q if len(self.groups) == 1 else torch.empty_like(q)
+        for index, rows, positions in self.groups:
+            G, T = positions.shape
+            q_group = (q if index is None else q[index]).view(G, T, *q.shape[1:])  # (G, T, H, D)
+            keys, values = keys_of(rows)
+            result = attend(q_group, keys, values, visible_mask(positions, mask_width(keys))).flatten(0, 1)
+            if index is None:
+                out = result
+            else:
+                out[index] = result
+        return out
+
+
+def _counts(seats: list[int], num_new: int | list[int]) -> list[int]:
+    counts = [num_new] * len(seats) if isinstance(num_new, int) else list(num_new)
+    if len(counts) != len(seats) or any(n < 1 for n in counts):
+        raise ValueError(f"need one token count >= 1 per seat, got {counts} for seats {seats}")
+    return counts
 
 
 class ContiguousKVCache:
@@ -47,42 +99,35 @@ class ContiguousKVCache:
         self.k = torch.zeros(shape, device=device, dtype=dtype)  # (L, seats, max_len, Hkv, D)
         self.v = torch.zeros(shape, device=device, dtype=dtype)
         self.lengths = [0] * num_seats  # tokens stored per seat
-        self._seats: torch.Tensor | None = None  # (B,) seats in this forward
-        self._positions: torch.Tensor | None = None  # (B, T) positions of the new tokens
+        self._rows: RaggedRows | None = None
+        self._seats: torch.Tensor | None = None  # (R,) seat of each row
 
-    def prepare(self, seats: list[int], num_new: int) -> torch.Tensor:
-        """Make room for `num_new` tokens after what each seat stores. Returns their positions (B, T)."""
-        for seat in seats:
-            if self.lengths[seat] + num_new > self.max_len:
+    def prepare(self, seats: list[int], num_new: int | list[int], padding_rows: int = 0) -> torch.Tensor:
+        """Make room for each seat's new tokens after what it stores. Returns their positions:
+        (B, T) when num_new is one number, else (1, N) with the rows laid end to end."""
+        counts = _counts(seats, num_new)
+        for seat, n in zip(seats, counts):
+            if self.lengths[seat] + n > self.max_len:
                 raise InputError(
-                    f"seat {seat} would hold {self.lengths[seat] + num_new} tokens, "
+                    f"seat {seat} would hold {self.lengths[seat] + n} tokens, "
                     f"more than its reserved row of {self.max_len}"
                 )
-        device = self.k.device
-        start = torch.tensor([self.lengths[s] for s in seats], device=device)  # (B,)
-        self._seats = torch.tensor(seats, device=device)
-        self._positions = start[:, None] + torch.arange(num_new, device=device)  # (B, T)
-        for seat in seats:
-            self.lengths[seat] += num_new
-        return self._positions
+        starts = [self.lengths[s] for s in seats]
+        for seat, n in zip(seats, counts):
+            self.lengths[seat] += n
+        rectangle = isinstance(num_new, int) and not padding_rows
+        self._rows = RaggedRows(starts, counts, padding_rows, rectangle, self.k.device)
+        self._seats = torch.tensor([seats[i] for i in self._rows.copy_of], device=self.k.device)
+        return self._rows.positions.view(self._rows.shape)
 
     def attend(self, layer: int, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> torch.Tensor:
         """q (B, T, H, D); k, v (B, T, Hkv, D) for the new tokens. Returns (B, T, H, D)."""
-        seats, positions = self._seats, self._positions
-        self.k[layer][seats[:, None], positions] = k  # write each new token at (seat, position)
-        self.v[layer][seats[:, None], positions] = v
-        span = int(positions.max()) + 1  # longest context in this batch
-        keys = self.k[layer][seats, :span]  # (B, span, Hkv, D)
-        values = self.v[layer][seats, :span]
-        return attend(q, keys, values, visible_mask(positions, span))
-
-    def pad_rows(self, total: int) -> torch.Tensor:
-        """Repeat row 0 until the batch has `total` rows: wasted work, as a fixed-shape batch does.
-        Returns the padded positions (total, T)."""
-        extra = total - len(self._seats)
-        self._seats = torch.cat([self._seats, self._seats[:1].expand(extra)])
-        self._positions = torch.cat([self._positions, self._positions[:1].expand(extra, -1)])
-        return self._positions
+        rows, k_rows, v_rows = self._rows, self.k[layer], self.v[layer]  # (seats, max_len, Hkv, D)
+        k_rows[self._seats[rows.row_of_token], rows.positions] = k.flatten(0, 1)  # each new token at (seat, position)
+        v_rows[self._seats[rows.row_of_token], rows.positions] = v.flatten(0, 1)
+        span = int(rows.positions.max()) + 1  # longest context in this batch
+        keys_of = lambda group: (k_rows[self._seats[group], :span], v_rows[self._seats[group], :span])
+        return rows.attend_by_group(q.flatten(0, 1), keys_of, lambda keys: span).view(q.shape)
 
     def free(self, seat: int) -> None:
         """Forget a seat's tokens. Its row stays reserved: that is the contiguous layout's cost."""
@@ -90,7 +135,7 @@ class ContiguousKVCache:
 
     # --- what a scheduler asks -----------------------------------------------------------------
     # A seat's row was paid for when the cache was built, so admitting or growing costs no blocks.
-    def blocks_to_admit(self, num_tokens: int) -> int:
+    def blocks_to_admit(self, num_tokens: int, token_ids: list[int] | None = None, leaving: list[int] = ()) -> int:
         return 0
 
     def blocks_to_grow(self, seat: int, num_new: int = 1) -> int:
@@ -99,6 +144,9 @@ class ContiguousKVCache:
     def blocks_held(self, seat: int) -> int:
         return 0
 
+    def cached_prefix(self, token_ids: list[int]) -> int:
+        return 0  # no sharing: every seat has its own row
+
     def can_ever_hold(self, num_tokens: int) -> bool:
         return num_tokens <= self.max_len
 
@@ -106,10 +154,30 @@ class ContiguousKVCache:
     def free_blocks(self) -> int:
         return self.num_blocks  # never the limit: seats are
 
+    # --- what the engine asks ------------------------------------------------------------------
+    def claim_prefix(self, seat: int, token_ids: list[int]) -> int:
+        return 0
+
+    def commit(self, seat: int, token_ids: list[int]) -> None:
+        pass
+
     def block_map(self, seats: list[int]) -> dict[int, list[int]]:
         """Blocks of memory each given seat holds: its whole row, however few tokens it stores."""
         first = {s: s * self.blocks_per_seat for s in seats}
         return {s: list(range(first[s], first[s] + self.blocks_per_seat)) for s in seats}
+
+    def blocks_in_use(self, seats: list[int]) -> int:
+        return len(seats) * self.blocks_per_seat
+
+    def seat_tokens(self, seat: int) -> int:
+        return self.lengths[seat]
+
+    @property
+    def cached_free_blocks(self) -> int:
+        return 0
+
+    def cached_free_block_ids(self) -> list[int]:
+        return []
 
     # --- memory accounting -------------------------------------------------------------------
     @property
@@ -131,75 +199,57 @@ def slot_mapping(block_tables: torch.Tensor, positions: torch.Tensor, block_size
     return (physical * block_size + positions % block_size).flatten()
 
 
-class PagedKVCache:
-    def __init__(
-        self,
-        cfg: ModelConfig,
-        num_blocks: int,
-        block_size: int = 16,
-        device: str | torch.device = "cpu",
-        dtype: torch.dtype = torch.float32,
-    ):
-        self.cfg, self.num_blocks, self.block_size = cfg, num_blocks, block_size
-        self.allocator = BlockAllocator(num_blocks, block_size)
-        shape = (cfg.n_layers, num_blocks, block_size, cfg.n_kv_heads, cfg.head_dim)
-        self.k = torch.zeros(shape, device=device, dtype=dtype)  # (L, num_blocks, block_size, Hkv, D)
-        self.v = torch.zeros(shape, device=device, dtype=dtype)
-        self._positions: torch.Tensor | None = None  # (B, T)
-        self._slot_mapping: torch.Tensor | None = None  # (B * T,) flat pool slot of each new token
-        self._block_tables: torch.Tensor | None = None  # (B, max_blocks)
+class PagedKVBooks:
+    """The paged cache's bookkeeping without the tensors: block tables, and the answers a scheduler needs."""
 
-    def prepare(self, seats: list[int], num_new: int) -> torch.Tensor:
-        """Give each seat blocks for `num_new` more tokens; build block tables and the slot mapping."""
-        alloc = self.allocator
-        needed = sum(alloc.new_blocks_needed(s, num_new) for s in seats)
+    def __init__(self, num_blocks: int, block_size: int = 16, prefix_caching: bool = False):
+        self.num_blocks, self.block_size, self.prefix_caching = num_blocks, block_size, prefix_caching
+        # (two arguments unless asked for more: lesson 05 serves a crowd with a student's allocator in its place)
+        args = (num_blocks, block_size) + ((True,) if prefix_caching else ())
+        self.allocator = BlockAllocator(*args)
+
+    def prepare(self, seats: list[int], num_new: int | list[int], padding_rows: int = 0) -> list[int]:
+        """Give each seat blocks for its new tokens. Returns where each row starts (tokens it had before)."""
+        alloc, counts = self.allocator, _counts(seats, num_new)
+        needed = sum(alloc.new_blocks_needed(s, n) for s, n in zip(seats, counts))
         if needed > alloc.num_free:  # check the whole batch first, so a failure changes nothing
             raise BlockPoolExhausted(
                 f"KV cache is full: this step needs {needed} new block(s) but only {alloc.num_free} of "
                 f"{alloc.num_blocks} are free; preempt a sequence first, or give the cache more blocks"
             )
         starts = [alloc.lengths.get(s, 0) for s in seats]
-        for s in seats:
-            alloc.append(s, num_new)
-        device = self.k.device
-        tables = [alloc.tables[s] for s in seats]
-        width = max(len(t) for t in tables)
-        padded = [t + [0] * (width - len(t)) for t in tables]  # pad with any valid id: masked anyway
-        self._block_tables = torch.tensor(padded, device=device)  # (B, max_blocks)
-        self._positions = torch.tensor(starts, device=device)[:, None] + torch.arange(num_new, device=device)
-        self._slot_mapping = slot_mapping(self._block_tables, self._positions, self.block_size)
-        return self._positions
-
-    def attend(self, layer: int, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> torch.Tensor:
-        """q (B, T, H, D); k, v (B, T, Hkv, D) for the new tokens. Returns (B, T, H, D)."""
-        k_pool, v_pool = self.k[layer], self.v[layer]  # (num_blocks, block_size, Hkv, D)
-        k_pool.view(-1, *k_pool.shape[2:])[self._slot_mapping] = k.flatten(0, 1)  # scatter into slots
-        v_pool.view(-1, *v_pool.shape[2:])[self._slot_mapping] = v.flatten(0, 1)
-        keys = paged_gather(k_pool, self._block_tables)  # (B, max_blocks * block_size, Hkv, D)
-        values = paged_gather(v_pool, self._block_tables)
-        return attend(q, keys, values, visible_mask(self._positions, keys.shape[1]))
-
-    def pad_rows(self, total: int) -> torch.Tensor:
-        """Repeat row 0 until the batch has `total` rows (decode only): rewriting the same slot is harmless.
-        Returns the padded positions (total, 1)."""
-        extra = total - len(self._block_tables)
-        self._block_tables = torch.cat([self._block_tables, self._block_tables[:1].expand(extra, -1)])
-        self._positions = torch.cat([self._positions, self._positions[:1].expand(extra, -1)])
-        self._slot_mapping = torch.cat([self._slot_mapping, self._slot_mapping[:1].expand(extra)])
-        return self._positions
+        for s, n in zip(seats, counts):
+            alloc.append(s, n)
+        return starts
 
     def free(self, seat: int) -> None:
         self.allocator.free(seat)
 
     # --- what a scheduler asks -----------------------------------------------------------------
-    def blocks_to_admit(self, num_tokens: int) -> int:
-        return self.allocator.blocks_for(num_tokens)
+    def blocks_to_admit(self, num_tokens: int, token_ids: list[int] | None = None, leaving: list[int] = ()) -> int:
+        """Free blocks a new sequence of `num_tokens` takes. Given its tokens, blocks it shares from the
+        prefix cache cost nothing, unless they sit on the free list (they leave it) or only sequences
+        `leaving` this step (seats being preempted) hold them (they were counted as freed)."""
+        blocks = self.allocator.blocks_for(num_tokens)
+        if token_ids is None or not self.prefix_caching:
+            return blocks
+        tables = self.allocator.tables
+        held_by_leavers = lambda b: sum(b in tables.get(seat, ()) for seat in leaving)
+        hits = self.allocator.cached_prefix(token_ids)
+        return blocks - sum(1 for b in hits if self.allocator.ref_counts[b] > held_by_leavers(b))
 
     def blocks_to_grow(self, seat: int, num_new: int = 1) -> int:
         return self.allocator.new_blocks_needed(seat, num_new)
 
     def blocks_held(self, seat: int) -> int:
+        """Blocks that return to the free list if this seat's sequence is freed (shared ones stay held)."""
+        if self.prefix_caching:
+            return self.allocator.blocks_freed_by(seat)
         return len(self.allocator.tables.get(seat, []))
+
+    def cached_prefix(self, token_ids: list[int]) -> int:
+        """How many of these tokens are already in the prefix cache (0 without prefix caching)."""
+        return len(self.allocator.cached_prefix(token_ids)) * self.block_size if self.prefix_caching else 0
 
     def can_ever_hold(self, num_tokens: int) -> bool:
         return self.allocator.blocks_for(num_tokens) <= self.num_blocks
@@ -208,8 +258,35 @@ class PagedKVCache:
     def free_blocks(self) -> int:
         return self.allocator.num_free
 
+    # --- what the engine asks ------------------------------------------------------------------
+    def claim_prefix(self, seat: int, token_ids: list[int]) -> int:
+        """A newcomer takes its cached prefix blocks. Returns the tokens it need not compute."""
+        if not self.prefix_caching:
+            return 0
+        return self.allocator.share_prefix(seat, self.allocator.cached_prefix(token_ids))
+
+    def commit(self, seat: int, token_ids: list[int]) -> None:
+        """After a forward: `token_ids` of this seat have their keys and values stored; key its full blocks."""
+        if self.prefix_caching:
+            self.allocator.cache_full_blocks(seat, token_ids)
+
     def block_map(self, seats: list[int]) -> dict[int, list[int]]:
         return {s: list(self.allocator.tables.get(s, [])) for s in seats}
+
+    def blocks_in_use(self, seats: list[int]) -> int:
+        return self.allocator.num_used
+
+    def seat_tokens(self, seat: int) -> int:
+        return self.allocator.lengths.get(seat, 0)
+
+    @property
+    def cached_free_blocks(self) -> int:
+        return self.allocator.num_cached_free if self.prefix_caching else 0
+
+    def cached_free_block_ids(self) -> list[int]:
+        """Free blocks that still hold a keyed prefix, least recently freed first (the next to be reused)."""
+        key_of = self.allocator.key_of
+        return [b for b in self.allocator.free_blocks if b in key_of] if self.prefix_caching else []
 
     @property
     def lengths(self) -> dict[int, int]:
@@ -223,10 +300,60 @@ class PagedKVCache:
 
     @property
     def stored_tokens(self) -> int:
+        """Tokens held in blocks, a block shared by several sequences counted once."""
+        if self.prefix_caching:
+            return self.allocator.stored_tokens
         return sum(self.allocator.lengths.values())
 
 
-def kv_waste(cache: ContiguousKVCache | PagedKVCache) -> float:
+class PagedKVCache(PagedKVBooks):
+    def __init__(
+        self,
+        cfg: ModelConfig,
+        num_blocks: int,
+        block_size: int = 16,
+        device: str | torch.device = "cpu",
+        dtype: torch.dtype = torch.float32,
+        prefix_caching: bool = False,
+    ):
+        super().__init__(num_blocks, block_size, prefix_caching)
+        self.cfg = cfg
+        shape = (cfg.n_layers, num_blocks, block_size, cfg.n_kv_heads, cfg.head_dim)
+        self.k = torch.zeros(shape, device=device, dtype=dtype)  # (L, num_blocks, block_size, Hkv, D)
+        self.v = torch.zeros(shape, device=device, dtype=dtype)
+        self._rows: RaggedRows | None = None
+        self._slot_mapping: torch.Tensor | None = None  # (N,) flat pool slot of each new token
+        self._block_tables: torch.Tensor | None = None  # (R, max_blocks) one table per row
+
+    def prepare(self, seats: list[int], num_new: int | list[int], padding_rows: int = 0) -> torch.Tensor:
+        """Give each seat blocks for its new tokens; build block tables and the slot mapping. Returns the
+        new tokens' positions: (B, T) when num_new is one number, else (1, N) with the rows laid end to end."""
+        starts = super().prepare(seats, num_new, padding_rows)
+        device, rectangle = self.k.device, isinstance(num_new, int) and not padding_rows
+        rows = self._rows = RaggedRows(starts, _counts(seats, num_new), padding_rows, rectangle, device)
+        tables = [self.allocator.tables[seats[i]] for i in rows.copy_of]
+        width = max(len(t) for t in tables)
+        padded = [t + [0] * (width - len(t)) for t in tables]  # pad with any valid id: masked anyway
+        self._block_tables = torch.tensor(padded, device=device)  # (R, max_blocks)
+        if rectangle:
+            positions = rows.positions.view(rows.shape)  # (B, T)
+            self._slot_mapping = slot_mapping(self._block_tables, positions, self.block_size)
+        else:  # one table row per token
+            per_token = self._block_tables[rows.row_of_token]  # (N, max_blocks)
+            self._slot_mapping = slot_mapping(per_token, rows.positions[:, None], self.block_size)
+        return rows.positions.view(rows.shape)
+
+    def attend(self, layer: int, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> torch.Tensor:
+        """q (B, T, H, D); k, v (B, T, Hkv, D) for the new tokens. Returns (B, T, H, D)."""
+        k_pool, v_pool = self.k[layer], self.v[layer]  # (num_blocks, block_size, Hkv, D)
+        k_pool.view(-1, *k_pool.shape[2:])[self._slot_mapping] = k.flatten(0, 1)  # scatter into slots
+        v_pool.view(-1, *v_pool.shape[2:])[self._slot_mapping] = v.flatten(0, 1)
+        tables = self._block_tables
+        keys_of = lambda group: (paged_gather(k_pool, tables[group]), paged_gather(v_pool, tables[group]))
+        return self._rows.attend_by_group(q.flatten(0, 1), keys_of, lambda keys: keys.shape[1]).view(q.shape)
+
+
+def kv_waste(cache: ContiguousKVCache | PagedKVBooks) -> float:
     """Share of reserved token slots that hold no token: (reserved - stored) / reserved."""
     reserved = cache.reserved_tokens
     return (reserved - cache.stored_tokens) / reserved if reserved else 0.0

@@ -2,8 +2,10 @@
 
   tokens/step, tokens/s   output tokens produced (an EOS counts: it took a step to produce)
   slot utilization        seat-steps doing useful work (prefill or decode) / all seat-steps
+  prefix hit rate         prompt tokens served from the prefix cache / all prompt tokens admitted
   TTFT                    time to first token: arrival -> the step that produced it
-  TPOT                    time per output token after the first
+  TPOT                    time per output token after the first (one average per request)
+  ITL                     inter-token latency: every gap between two tokens of a request
   queue time              arrival -> first admission
   latency                 arrival -> finish (end to end)
   KV waste                reserved-but-empty token slots / reserved token slots, averaged over steps
@@ -15,7 +17,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from minillm.trace import Trace
+from minillm.trace import StepRecord, Trace
 
 
 def percentiles(values: list[float], qs=(50, 90, 99)) -> dict[str, float | None]:
@@ -28,12 +30,22 @@ def step_start_times(trace: Trace) -> list[float]:
     return [s.time_s - s.wall_s for s in trace.steps]
 
 
+def busy_seats(step: StepRecord) -> int:
+    """Seats that ran tokens this step (prefill or decode; not held, not stalled)."""
+    return sum(1 for entry in step.seats if entry[2] in ("prefill", "decode"))
+
+
 def slot_utilization(trace: Trace, upto: int | None = None) -> float:
+    """Busy seat-steps over all seat-steps so far (the whole run's average)."""
     steps = trace.steps[: None if upto is None else upto + 1]
     if not steps:
         return 0.0
-    busy = sum(1 for s in steps for slot in s.slots if slot and slot["state"] != "held")
-    return busy / (len(steps) * trace.config["slots"])
+    return sum(busy_seats(s) for s in steps) / (len(steps) * trace.config["slots"])
+
+
+def utilization_now(trace: Trace, step: int) -> float:
+    """Busy seats at this one step over all seats: the instantaneous figure."""
+    return busy_seats(trace.steps[step]) / trace.config["slots"]
 
 
 def kv_waste(trace: Trace, upto: int | None = None) -> float:
@@ -42,8 +54,22 @@ def kv_waste(trace: Trace, upto: int | None = None) -> float:
     for s in trace.steps[: None if upto is None else upto + 1]:
         reserved = s.kv_blocks_used * block
         if reserved:
-            shares.append((reserved - sum(s.kv_tokens.values())) / reserved)
+            stored = s.kv_tokens_stored or sum(s.kv_tokens.values())  # (version 1 traces recorded only the tables)
+            shares.append((reserved - stored) / reserved)
     return float(np.mean(shares)) if shares else 0.0
+
+
+def prefix_cache_figures(trace: Trace, upto: int | None = None) -> dict[str, float | int]:
+    """Prompt tokens computed vs served from the prefix cache, and the hit rate."""
+    steps = trace.steps[: None if upto is None else upto + 1]
+    computed = sum(s.prefill_tokens for s in steps)
+    last = len(trace.steps) - 1 if upto is None else upto
+    cached = sum(r.cached_prompt_tokens for r in trace.requests if r.admit_step is not None and r.admit_step <= last)
+    return {
+        "prefill_tokens": computed,
+        "cached_prompt_tokens": cached,
+        "prefix_hit_rate": cached / (cached + computed) if cached + computed else 0.0,
+    }
 
 
 def per_request(trace: Trace, upto: int | None = None) -> dict[str, dict[str, float]]:
@@ -58,11 +84,11 @@ def per_request(trace: Trace, upto: int | None = None) -> dict[str, dict[str, fl
     for r in trace.requests:
         if r.arrival_step > last or r.arrival_step >= len(starts):
             continue
-        arrived, m = starts[r.arrival_step], {}
+        arrived, m = starts[r.arrival_step] if r.arrival_s is None else r.arrival_s, {}
         if r.first_token_step is not None and r.first_token_step <= last:
             m["ttft_steps"], m["ttft_s"] = r.first_token_step - r.arrival_step + 1, r.first_token_s - arrived
             m["queue_steps"], m["queue_s"] = r.admit_step - r.arrival_step, starts[r.admit_step] - arrived
-        if r.finish_step is not None and r.finish_step <= last:
+        if r.finish_step is not None and r.finish_step <= last and r.finish_reason in ("eos", "length"):
             m["latency_steps"], m["latency_s"] = r.finish_step - r.arrival_step + 1, r.finish_s - arrived
             produced = len(r.output_ids) + (r.finish_reason == "eos")
             if produced > 1:
@@ -70,6 +96,22 @@ def per_request(trace: Trace, upto: int | None = None) -> dict[str, dict[str, fl
                 m["tpot_s"] = (r.finish_s - r.first_token_s) / (produced - 1)
         out[r.id] = m
     return out
+
+
+def inter_token_gaps(trace: Trace, upto: int | None = None) -> list[float]:
+    """Seconds between consecutive tokens of the same request, over every request: the stutter a user sees.
+
+    TPOT is one average per request; one long prompt prefilled in a running user's step is a single
+    long gap, which this list keeps (its p99 is what a token budget is for)."""
+    last_at: dict[str, float] = {}
+    gaps = []
+    for s in trace.steps[: None if upto is None else upto + 1]:
+        for _, rid, _, _, made in s.seats:
+            if made:
+                if rid in last_at:
+                    gaps.append(s.time_s - last_at[rid])
+                last_at[rid] = s.time_s
+    return gaps
 
 
 def request_latencies(trace: Trace, upto: int | None = None) -> dict[str, list[float]]:
@@ -89,6 +131,7 @@ def summarize(trace: Trace, upto: int | None = None) -> dict:
         "requests": len(trace.requests),
         "finished": sum(1 for r in trace.requests if r.finish_reason in ("eos", "length")),
         "rejected": rejected,
+        "aborted": sum(1 for r in trace.requests if r.finish_reason == "aborted"),
         "output_tokens": tokens,
         "steps": len(steps),
         "wall_s": wall,
@@ -97,9 +140,11 @@ def summarize(trace: Trace, upto: int | None = None) -> dict:
         "slot_utilization": slot_utilization(trace, upto),
         "kv_waste": kv_waste(trace, upto),
         "preemptions": sum(len(s.preempted) for s in steps),
-        "queue_length": len(steps[-1].waiting) if steps else 0,
+        "queue_length": steps[-1].num_waiting if steps else 0,
         "last_finish_step": max((r.finish_step for r in trace.requests if r.finish_step is not None), default=None),
     }
+    summary |= prefix_cache_figures(trace, upto)
+    summary |= {f"itl_{k}_s": v for k, v in percentiles(inter_token_gaps(trace, upto)).items()}
     for name, values in lat.items():  # e.g. ttft_steps -> ttft_p50_steps, ttft_p90_steps, ...
         metric, unit = name.rsplit("_", 1)
         summary |= {f"{metric}_{k}_{unit}": v for k, v in percentiles(values).items()}

@@ -119,9 +119,11 @@ class Transformer(nn.Module):
         positions: torch.Tensor | None = None,
         cache: KVCacheLike | None = None,
         last_only: bool = False,
+        logits_at: torch.Tensor | None = None,
     ) -> torch.Tensor:
         """tokens (B, T) long; positions (B, T) long (default 0..T-1). Returns logits (B, T, V),
-        or (B, 1, V) with last_only (prefill needs only the next-token logits)."""
+        or (B, 1, V) with last_only (prefill needs only the next-token logits), or (R, V) at the
+        flat token indices `logits_at` (R,) (a ragged step: each row's last token, see packing.py)."""
         B, T = tokens.shape
         if positions is None:
             positions = torch.arange(T, device=tokens.device).expand(B, T)
@@ -131,7 +133,9 @@ class Transformer(nn.Module):
             x = layer(x, cos, sin, cache)
         if last_only:
             x = x[:, -1:]
-        return self.lm_head(self.norm(x))  # (B, T, V)
+        if logits_at is not None:
+            x = x.flatten(0, 1)[logits_at]  # (R, dim): the vocabulary projection only where a token is picked
+        return self.lm_head(self.norm(x))  # (B, T, V) or (R, V)
 
     def num_parameters(self) -> int:
         return sum(p.numel() for p in self.parameters())

@@ -1,12 +1,16 @@
 """A request's life: waiting -> running -> finished, with preemption sending it back to the queue.
 
-    submit ──> WAITING ──(admitted to a seat, prefilled)──> RUNNING ──(EOS or length)──> FINISHED
-       │          ▲                                            │
-       │          └───────────(preempted: KV freed)────────────┘
+    submit ──> WAITING ──(admitted to a seat)──> RUNNING ──(EOS, length or abort)──> FINISHED
+       │          ▲                                 │
+       │          └────────(preempted: KV freed)────┘
        └──> REJECTED (can never be served: the reason says why)
 
-A preempted request keeps the tokens it already produced; when it is admitted again the
-engine recomputes the KV for prompt + output in one prefill, then carries on decoding.
+While it runs, a request has tokens whose keys and values are not in the KV cache yet: its
+whole prompt when it is admitted, then the one token it produced last step. `num_computed`
+counts the tokens that are in the cache; each step the scheduler decides how many of the
+rest the request runs (all of them, or a chunk of a long prompt under a token budget).
+A preempted request keeps the tokens it produced but loses its cache (`num_computed` = 0):
+when it is admitted again it recomputes prompt + output, then carries on decoding.
 """
 
 from __future__ import annotations
@@ -30,17 +34,22 @@ class Request:
     arrival_step: int = 0
     ignore_eos: bool = False  # run to exactly max_new_tokens (the seed story fixes reply lengths)
     prompt: str = ""  # the text, for display
+    arrival_s: float | None = None  # arrival in seconds on the engine's clock; when set, it rules over arrival_step
+    planned_reply: int | None = None  # the reply length a workload drew: a simulated model replies this long, then EOS
 
     state: State = State.WAITING
     output_ids: list[int] = field(default_factory=list)
     seat: int | None = None
+    num_computed: int = 0  # tokens (prompt, then output) whose keys and values are in the KV cache
     admit_step: int | None = None  # the first admission
     admit_order: int = -1  # engine-wide admission counter (latest admission): preemption picks the newest
     first_token_step: int | None = None
     finish_step: int | None = None
-    finish_reason: str | None = None  # "eos" | "length" | the rejection reason
+    finish_reason: str | None = None  # "eos" | "length" | "aborted" | the rejection reason
     preemptions: int = 0
-    # wall-clock seconds since the engine started
+    prefill_tokens: int = 0  # prompt (and recomputed) tokens this request ran through the model
+    cached_prompt_tokens: int = 0  # prompt tokens served from the prefix cache instead
+    # seconds on the engine's clock since it started
     first_token_s: float | None = None
     finish_s: float | None = None
 
@@ -49,9 +58,36 @@ class Request:
         return self.state in (State.FINISHED, State.REJECTED)
 
     @property
+    def num_tokens(self) -> int:
+        """Prompt plus output so far."""
+        return len(self.prompt_ids) + len(self.output_ids)
+
+    @property
+    def tokens(self) -> list[int]:
+        return self.prompt_ids + self.output_ids
+
+    @property
     def tokens_in_cache_after_prefill(self) -> int:
         """Tokens an admission must prefill: the prompt, plus any output from before a preemption."""
-        return len(self.prompt_ids) + len(self.output_ids)
+        return self.num_tokens
+
+    @property
+    def num_pending(self) -> int:
+        """Tokens not yet in the KV cache: what the request still has to run before it can produce a token."""
+        return self.num_tokens - self.num_computed
+
+    @property
+    def is_decoding(self) -> bool:
+        """Its prompt is in the cache: it runs one token a step (the one it produced last)."""
+        return self.num_computed >= len(self.prompt_ids) and self.num_pending == 1
+
+    def pending_slice(self, count: int) -> list[int]:
+        """The next `count` tokens to run, without copying the whole sequence (decode reads one token)."""
+        start, n_prompt = self.num_computed, len(self.prompt_ids)
+        if start >= n_prompt:
+            return self.output_ids[start - n_prompt : start - n_prompt + count]
+        head = self.prompt_ids[start : start + count]
+        return head + self.output_ids[: count - len(head)]
 
     @property
     def max_cached_tokens(self) -> int:

@@ -24,9 +24,17 @@ def decode(ids: list[int]) -> str:
     return bytes(i for i in ids if 0 <= i < 256).decode("utf-8", errors="replace")
 
 
-def encode_prompt(prompt: str) -> list[int]:
-    """The chat format the model was trained on: <bos> prompt bytes <sep>."""
-    return [BOS, *encode(prompt), SEP]
+def encode_prompt(prompt: str, preamble: str | None = None) -> list[int]:
+    """The chat format the model was trained on: <bos> prompt <sep>, or <bos> preamble <sep> prompt <sep>.
+
+    The preamble (a system prompt, which the model learned to ignore) comes first, so requests that
+    share it share the token prefix <bos> preamble <sep>: what a prefix cache can reuse. SEP, not a
+    newline, ends it because no text can contain SEP: the boundary is unambiguous whatever the
+    preamble says. An empty preamble counts as none.
+    """
+    if not preamble:
+        return [BOS, *encode(prompt), SEP]
+    return [BOS, *encode(preamble), SEP, *encode(prompt), SEP]
 
 
 def token_str(token_id: int) -> str:

@@ -1,25 +1,42 @@
-"""The Streamlit app, driven headless with AppTest: it opens, plays, steps, scrubs, switches, and refuses bad files.
+"""The Streamlit app, driven headless with AppTest: it opens, plays, steps, scrubs, switches, and refuses bad files;
+the what-if view prices a model on a card and plays a simulated crowd; the live view watches a real server (on a
+free loopback port, in this process) as requests stream, and says so when it cannot reach one.
 
 Engine runs are cached in-process, so only the first test that needs a configuration pays for it.
 """
 
 import json
+import re
+import socket
+import sys
+import threading
+import time
+from html import escape
 
+import httpx
 import pytest
 import torch
 from streamlit.testing.v1 import AppTest
 
-from app import NOT_IMPLEMENTED, load_uploaded_trace
+from app import live_flag
+from minillm import roofline
 from minillm.config import EngineConfig
 from minillm.engine import Engine
 from minillm.request import Request
 from minillm.scheduler import ContinuousScheduler
+from minillm.server import ServerThread, build_loop
 from minillm.trace import Trace
+from minillm.trace_window import window
 from tests.conftest import random_model
+from viz.app.live import DEFAULT_URL, ServerError, server_url
+from viz.app.step_player import NOT_IMPLEMENTED, load_uploaded_trace
+from viz.live_window import LiveWindow
 
 
-def open_app(**state) -> AppTest:
+def open_app(view: str | None = None, **state) -> AppTest:
     at = AppTest.from_file("../app.py", default_timeout=120)
+    if view:
+        at.query_params["view"] = view  # what a link to ?view=what-if does
     for key, value in state.items():
         at.session_state[key] = value
     return at.run()
@@ -30,8 +47,19 @@ def shown_step(at: AppTest) -> int:
     return int(caption.split()[1])
 
 
+def shown_seconds(at: AppTest) -> float:
+    caption = next(c.value for c in at.caption if re.match(r"[\d.]+ s of", c.value))
+    return float(caption.split()[0])
+
+
 def subheaders(at: AppTest) -> list[str]:
     return [s.value for s in at.subheader]
+
+
+def figure(at: AppTest, label: str) -> list[str]:
+    """The value of a figure (viz.html.figures_html) in each panel, left to right."""
+    pattern = f'data-figure="{re.escape(label)}">([^<]*)<'
+    return [m for md in at.markdown for m in re.findall(pattern, md.value)]
 
 
 @pytest.fixture(scope="module", autouse=True)
@@ -93,25 +121,37 @@ def test_play_advances_and_pause_stops():
     assert not at.session_state.playing and shown_step(at) == paused and not at.exception
 
 
-def test_switching_view_kv_layout_and_scheduler():
+def test_switching_schedulers_and_kv_layout():
     at = open_app()
-    at.radio(key="view").set_value("continuous").run()
+    at.radio(key="schedule").set_value("static").run()
+    assert subheaders(at) == ["static batching"]
+    at.radio(key="schedule").set_value("continuous").run()
     assert subheaders(at) == ["continuous batching"]
-    at.radio(key="kv").set_value("contiguous").run()
+    at.radio(key="kv").set_value("contiguous").run()  # (a new engine run: static's would take twice as long)
     assert not at.exception and not at.error
     assert any("contiguous, 16 tokens per block" in m.value for m in at.markdown)
-    at.radio(key="view").set_value("static").run()
-    assert subheaders(at) == ["static batching"] and not at.exception
+
+
+def test_ttft_so_far_counts_the_users_still_waiting():
+    """Step 300 of the seed story: static served A-D at once (TTFT 1 step each) while E-H, there since step 0, have
+    waited 301 steps: the median of four 1s and four 301s is 151, not 1. Continuous seated E at 12, F and G at 42."""
+    at = open_app(step=300)
+    assert shown_step(at) == 300
+    assert figure(at, "TTFT p50, steps") == ["151", "7"]  # continuous: 1 1 1 1 13 43 43 and H's 301
+    assert any("4 still waiting" in m.value for m in at.markdown)
+    now, so_far = figure(at, "busy now"), figure(at, "busy so far")
+    assert now[0] == "25%" and so_far[0] != now[0]  # static at step 300: B alone works, three seats are held
+    assert now[1] == "100%"
 
 
 def test_my_scheduler_stub_says_it_is_not_implemented():
-    at = open_app(view="my scheduler")
+    at = open_app(schedule="my scheduler")
     assert not at.exception
     assert [i.value for i in at.info] == [NOT_IMPLEMENTED]
 
 
 def test_switching_workload_shows_its_knobs():
-    at = open_app(requests=6, mean_reply=10, view="continuous")
+    at = open_app(requests=6, mean_reply=10, schedule="continuous")
     at.selectbox(key="workload").set_value("chat").run()
     assert not at.exception and not at.error
     assert at.slider(key="requests").value == 6
@@ -145,7 +185,7 @@ def test_load_uploaded_trace(tiny_trace):
     assert isinstance(load_uploaded_trace(json.dumps(tiny_trace.to_dict()).encode()), Trace)
     assert load_uploaded_trace(b"\xff\xfe").startswith("not a JSON file")
     data = tiny_trace.to_dict()
-    data["steps"][0]["slots"] = [{"id": "nobody", "state": "decode"}, None]
+    data["steps"][0]["seats"] = [[0, "nobody", "decode", 1, 1]]
     assert "unknown request 'nobody'" in load_uploaded_trace(json.dumps(data))
     data = tiny_trace.to_dict()
     data["steps"][0]["kv_tables"] = {"u0": [10_000]}  # valid JSON, valid fields, but no such block
@@ -153,7 +193,7 @@ def test_load_uploaded_trace(tiny_trace):
 
 
 def test_my_scheduler_is_loaded_fresh_from_the_exercise_file(tmp_path, monkeypatch):
-    import app
+    from viz.app import step_player as app
 
     mine = tmp_path / "lesson04_continuous.py"
     mine.write_text("from minillm.scheduler import ContinuousScheduler as MyContinuousScheduler\n")
@@ -168,8 +208,252 @@ def test_my_scheduler_is_loaded_fresh_from_the_exercise_file(tmp_path, monkeypat
 
 
 def test_exports_are_a_trace_file_and_a_png(tiny_trace):
-    from app import figure_png
     from viz import plot_occupancy
+    from viz.app.step_player import figure_png
 
     assert figure_png(plot_occupancy(tiny_trace))[:4] == b"\x89PNG"
     assert Trace.loads(json.dumps(tiny_trace.to_dict())).steps == tiny_trace.steps
+
+
+def test_token_budget_bar_and_shared_blocks_with_prefix_caching():
+    knobs = {"requests": 6, "rate": 1.0, "mean_reply": 40, "spread": 0.0}  # later users find the prompt cached
+    at = open_app(workload="system-prompt", schedule="continuous", token_budget=64, prefix_caching=True, **knobs)
+    assert not at.exception and not at.error
+    text = " ".join(m.value for m in at.markdown)
+    assert "64 of a 64-token budget" in text and "64 prefill" in text  # step 0: a long prompt's first chunk
+    assert "shared by n requests" in text  # the KV legend, with prefix caching
+    shared = []
+    last = int(next(c.value for c in at.caption if c.value.startswith("step ")).split()[3])
+    for step in range(2, last + 1, 3):  # later users take the first one's cached blocks for a few steps
+        at.slider(key="step").set_value(step).run()
+        found = re.search(r"; (\d+) shared by several requests", " ".join(m.value for m in at.markdown))
+        shared.append(int(found.group(1)))
+    assert max(shared) > 0 and not at.exception
+
+
+SMALL_CROWD = {"wi_requests": 12}  # a few seconds of simulated serving: quick to run twice
+
+
+def test_what_if_prices_the_card_and_plays_a_simulated_crowd():
+    at = open_app(view="what-if", **SMALL_CROWD)
+    assert not at.exception and not at.error
+    metrics = {m.label: m.value for m in at.metric}
+    from minillm.hardware import get_device
+    from minillm.modelspec import load_spec
+
+    users = roofline.max_users(load_spec("llama-3.1-8b"), get_device("rtx-4090"), 4096)
+    assert metrics["users that fit"] == str(users)
+    assert len(at.get("image")) == 3  # memory split, users against context, speed against batch
+    assert subheaders(at)[-2:] == ["static batching", "continuous batching"]
+    table = next(m.value for m in at.markdown if "| **static batching** |" in m.value)
+    assert "| **continuous batching** |" in table and "TPOT p99" in table
+    assert any("KV memory" in m.value and "GiB" in m.value for m in at.markdown)  # a bar, not a block map
+    assert shown_seconds(at) == 0.0
+    at.button(key="sim_play").click().run()
+    first = shown_seconds(at)
+    at.run()  # the fragment's timer: another frame
+    assert 0 < first < shown_seconds(at) and not at.exception
+    at.button(key="sim_play").click().run()
+    at.slider(key="sim_seconds").set_value(10.0).run()
+    assert shown_seconds(at) == 10.0 and not at.session_state["sim_playing"]
+
+
+@pytest.mark.parametrize(
+    "card, model, dtype",
+    [("l4", "mistral-7b", "fp8"), ("apple-m2-ultra", "llama-3.1-70b", "int4")],
+)
+def test_what_if_renders_other_cards_and_models(card, model, dtype):
+    at = open_app(view="what-if", wi_card=card, wi_model=model, wi_dtype=dtype, wi_context=1024, **SMALL_CROWD)
+    assert not at.exception and not at.error
+    assert subheaders(at)[-2:] == ["static batching", "continuous batching"]
+
+
+def test_what_if_says_when_the_weights_do_not_fit():
+    at = open_app(view="what-if", wi_model="llama-3.1-70b", **SMALL_CROWD)  # 141 GB of bf16 on a 24 GB card
+    assert not at.exception
+    assert any("weights alone do not fit" in c.value for c in at.code)
+    assert "static batching" not in subheaders(at)  # nothing to simulate
+
+
+# --- the live view: a running server, watched -------------------------------------------------------------------
+def open_live(url: str, **state) -> AppTest:
+    return open_app(view="live", live_url=url, live_connected=True, **state)
+
+
+def shown_live_step(at: AppTest) -> int:
+    caption = next(c.value for c in at.caption if c.value.startswith("step "))
+    return int(caption.split()[1].replace(",", ""))
+
+
+def reply_cells(at: AppTest) -> list[tuple[str, str, str]]:
+    """(status, prompt, reply so far) of each row of the live replies table, top to bottom."""
+    table = next(m.value for m in at.markdown if "<th>reply so far</th>" in m.value)
+    row = r"<tr><td>.*?</td><td><span[^>]*>(?:✓ )?([^<]*)</span></td><td><code>([^<]*)</code></td><td[^>]*>([^<]*)</td>"
+    return re.findall(row, table)
+
+
+def dead_url() -> str:
+    """A loopback address nobody listens on (a port the system just handed out, closed again)."""
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        return f"http://127.0.0.1:{sock.getsockname()[1]}"
+
+
+def waiting(base: str) -> int:
+    metrics = httpx.get(f"{base}/metrics").text
+    return int(next(line.split()[1] for line in metrics.splitlines() if line.startswith("minillm_requests_waiting ")))
+
+
+class LongReply:
+    """A client reading a long streamed reply on a thread of its own, until it hangs up."""
+
+    def __init__(self, url: str, prompt: str):
+        self.chunks, self.stop = 0, threading.Event()
+        body = {"prompt": prompt, "max_tokens": 900, "ignore_eos": True, "stream": True}
+        self.thread = threading.Thread(target=self._read, args=(url, body), daemon=True)
+        self.thread.start()
+
+    def _read(self, url: str, body: dict) -> None:
+        with httpx.Client(timeout=60) as client, client.stream("POST", f"{url}/completions", json=body) as response:
+            for line in response.iter_lines():
+                self.chunks += line.startswith("data: {")
+                if self.stop.is_set():
+                    return  # leaving the stream hangs up: the server aborts the request
+
+    def hang_up(self) -> None:
+        self.stop.set()
+
+
+@pytest.fixture(scope="module")
+def one_seat_server(shipped_model):
+    with ServerThread(build_loop(shipped_model, slots=1)) as server:
+        yield server
+
+
+def test_live_view_follows_a_running_server(one_seat_server):
+    """One seat, three long replies: one streams, two wait; a short reply has finished. Two frames, and the newest
+    step moves on while the running reply grows."""
+    url, base = one_seat_server.url, one_seat_server.base
+    done = httpx.post(f"{url}/completions", json={"prompt": "spell 305", "max_tokens": 20}, timeout=60).json()
+    long_replies = []
+    try:
+        for n, ready in [(150, lambda: long_replies[0].chunks >= 2), (140, lambda: waiting(base) == 1),
+                         (130, lambda: waiting(base) == 2)]:  # fmt: skip
+            long_replies.append(LongReply(url, f"count down from {n}"))  # one at a time: the queue's order is known
+            deadline = time.monotonic() + 30
+            while not ready():
+                assert time.monotonic() < deadline, f"the server never got there with count down from {n}"
+                time.sleep(0.01)
+        at = open_live(one_seat_server.base)
+        assert not at.exception and not at.error
+        assert subheaders(at) == [f"live: {one_seat_server.base}"]
+        assert figure(at, "busy seats") == ["1 of 1"] and figure(at, "waiting") == ["2"]
+        assert sum("data:image/png;base64" in m.value for m in at.markdown) == 2  # seats, KV blocks
+        rows = reply_cells(at)
+        assert [(status, prompt) for status, prompt, _ in rows] == [
+            ("running", "count down from 150"),
+            ("waiting", "count down from 140"),
+            ("waiting", "count down from 130"),
+            ("finished (eos)", "spell 305"),
+        ]  # what matters now first
+        assert rows[3][2] == escape(done["choices"][0]["text"])  # the reply its client got
+        step, streaming = shown_live_step(at), rows[0][2]
+        time.sleep(0.2)
+        at.run()  # what the fragment's timer does: the next poll
+        assert shown_live_step(at) > step and reply_cells(at)[0][2] != streaming and not at.exception
+    finally:
+        for reply in long_replies:
+            reply.hang_up()
+        for reply in long_replies:  # each leaves at its next token: the running one first, then the next seated
+            reply.thread.join(30)
+
+
+def test_live_view_says_when_the_server_stops(shipped_model):
+    with ServerThread(build_loop(shipped_model, slots=2)) as server:
+        httpx.post(f"{server.url}/completions", json={"prompt": "spell 7", "max_tokens": 20}, timeout=60)
+        at = open_live(server.base)
+        assert not at.error and ("finished (eos)", "spell 7", "seven") in reply_cells(at)
+    at.run()  # the server has stopped
+    assert not at.exception
+    assert at.error[0].value.startswith(f"Cannot reach {server.base}")
+    assert reply_cells(at)  # the last steps received stay on screen
+
+
+def test_live_view_says_when_nothing_answers():
+    url = dead_url()
+    at = open_live(url.removeprefix("http://"))  # (typed without its scheme)
+    assert not at.exception
+    assert at.error[0].value.startswith(f"Cannot reach {url}: nothing answers there")
+    at.button(key="live_disconnect").click().run()
+    assert not at.exception and not at.error and at.button(key="live_connect")
+
+
+@pytest.mark.parametrize(
+    "argv, url",
+    [
+        ([], None),
+        (["-q", "-p", "no:cacheprovider", "tests/test_app.py"], None),  # (the tests' own arguments)
+        (["--live", "http://10.0.0.5:8000"], "http://10.0.0.5:8000"),
+        (["--live=10.0.0.5:8001"], "10.0.0.5:8001"),
+        (["--live"], DEFAULT_URL),
+        (["--live", "--other"], DEFAULT_URL),
+    ],
+)
+def test_live_flag(argv, url):
+    assert live_flag(argv) == url
+
+
+def test_the_live_flag_opens_on_the_live_tab(monkeypatch):
+    url = dead_url()
+    monkeypatch.setattr(sys, "argv", ["app.py", "--live", url])  # streamlit run app.py -- --live URL
+    at = open_app()
+    assert not at.exception
+    assert subheaders(at) == [f"live: {url}"] and at.error[0].value.startswith(f"Cannot reach {url}")
+    monkeypatch.setattr(sys, "argv", ["app.py"])
+    assert subheaders(open_app())[:2] == ["static batching", "continuous batching"]  # no flag: the step player
+
+
+def test_server_url():
+    assert server_url(" 10.0.0.5:8000/v1/ ") == "http://10.0.0.5:8000"
+    assert server_url("https://example.org") == "https://example.org"
+    with pytest.raises(ServerError, match="no server URL"):
+        server_url("  ")
+
+
+@pytest.fixture(scope="module")
+def crowd_trace() -> Trace:
+    """Ten short requests arriving over 20 steps on two seats: requests come and go as a window slides."""
+    engine = Engine(random_model("gqa"), ContinuousScheduler(), EngineConfig(slots=2, block_size=4, max_len=64))
+    for i in range(10):
+        engine.submit(Request(f"r{i}", [257, 97 + i, 259], 4, arrival_step=2 * i, ignore_eos=True, prompt=f"p{i}"))
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)
+    try:
+        return engine.run()
+    finally:
+        torch.set_num_threads(threads)
+
+
+def server_reply(trace: Trace, now: int, last_steps: int, since_step: int | None = None) -> Trace:
+    """What GET /trace answers once the server has taken steps 0..now of `trace` (ServeLoop._snapshot's rule:
+    the steps asked for, and the requests that had not finished before the first of them), through JSON."""
+    steps = trace.steps[: now + 1][-last_steps:]
+    steps = [s for s in steps if since_step is None or s.step > since_step]
+    first = steps[0].step if steps else now + 1
+    alive = [r for r in trace.requests if r.arrival_step <= now and (r.finish_step is None or r.finish_step >= first)]
+    return Trace.loads(json.dumps(window(trace.config, alive, steps, first).to_dict()))
+
+
+def test_small_polls_merge_into_the_servers_own_window(crowd_trace):
+    keep, live, now = 6, LiveWindow(6), -1
+    for stride in [1, 2, 1, 3, 9, 1, 1, 2, 4, 1, 2, 1, 30]:  # 9 steps between two polls: more than `keep`
+        now = min(now + stride, len(crowd_trace.steps) - 1)
+        live.add(server_reply(crowd_trace, now, keep, live.since_step))
+        mine, theirs = live.trace(), server_reply(crowd_trace, now, keep)
+        assert mine.steps == theirs.steps and mine.config == theirs.config
+        assert {r.id: r for r in mine.requests} == {r.id: r for r in theirs.requests}
+    assert len(live.steps) == keep and len(live.requests) < len(crowd_trace.requests)  # the old ones are gone
+    live.add(server_reply(crowd_trace, 4, keep, live.since_step))  # a restarted server: its steps count from 0
+    assert live.since_step is None and not live.trace().steps  # noticed: the next poll asks for a whole window
+    live.add(server_reply(crowd_trace, 4, keep, live.since_step))
+    assert live.trace().steps == server_reply(crowd_trace, 4, keep).steps

@@ -18,7 +18,7 @@ def shuffled_paged_cache(cfg, num_blocks, block_size, seed, device="cpu"):
     order = list(range(num_blocks))
     random.Random(seed).shuffle(order)
     cache.allocator.free_blocks.clear()
-    cache.allocator.free_blocks.extend(order)  # physical blocks handed out in random order
+    cache.allocator.free_blocks.update(dict.fromkeys(order))  # physical blocks handed out in random order
     return cache
 
 

@@ -1,4 +1,5 @@
-"""The shipped checkpoint loads by default and answers prompts exactly, from one token to 499, unseen ones too."""
+"""The shipped checkpoint loads by default and answers prompts exactly, from one token to 499, unseen ones too,
+with or without a preamble (a system prompt it ignores) before them."""
 
 import pytest
 
@@ -14,6 +15,7 @@ def test_checkpoint_is_small_safetensors_with_its_config_inside():
     assert DEFAULT_CHECKPOINT.stat().st_size <= 10 * 2**20
     info = checkpoint_info()
     assert info["config"]["max_seq_len"] >= 1024 and "heldout_accuracy" in info
+    assert set(info["heldout_accuracy"]) == {"none", *tasks.PREAMBLES, "random"}  # measured with and without
 
 
 @pytest.mark.parametrize(
@@ -28,7 +30,41 @@ def test_shipped_model_answers_exactly_and_stops_at_eos(shipped_model, prompt):
 
 def test_held_out_prompts_are_answered_exactly(shipped_model):
     assert tasks.is_held_out("count down from 123")  # the last prompt above was never trained on
-    results = evaluate(shipped_model, per_task=12, seed=7, progress=False)
+    results = evaluate(shipped_model, per_task=12, seed=7, progress=False, preambles=["none"])
     for task in tasks.TASKS:
-        r = results[task]
+        r = results["none"][task]
         assert r["total"] == 12 and r["correct"] / r["total"] >= 0.9, f"{task}: {r}"
+
+
+@pytest.mark.parametrize(
+    "name, prompt",
+    [
+        ("assistant", "count down from 64"),
+        ("teacher", "spell 2024"),
+        ("workshop", "count down from 99"),
+        ("rules", ""),
+    ],
+)
+def test_shipped_model_ignores_a_fixed_preamble(shipped_model, name, prompt):
+    preamble = tasks.PREAMBLES[name]
+    prompt = prompt or f"count down from {tasks.longest_countdown(preamble)}"  # the reply ends at position 1023
+    ids = encode_prompt(prompt, preamble)
+    out = generate(shipped_model, ids, max_new_tokens=tasks.CONTEXT - len(ids))
+    assert out.finish_reason == "eos"
+    assert decode(out.tokens) == tasks.solve(prompt)
+
+
+@pytest.mark.parametrize(
+    "preamble, prompt", [("count down from 30", "spell 2024"), ("spell 123456", "count down from 12")]
+)
+def test_the_task_after_the_preamble_wins_even_when_the_preamble_is_a_task(shipped_model, preamble, prompt):
+    out = generate(shipped_model, encode_prompt(prompt, preamble), max_new_tokens=100)
+    assert out.finish_reason == "eos" and decode(out.tokens) == tasks.solve(prompt)
+
+
+def test_held_out_prompts_after_preambles_are_answered_exactly(shipped_model):
+    """After the longest fixed preamble, and after random text never seen in training."""
+    results = evaluate(shipped_model, per_task=4, seed=7, progress=False, preambles=["rules", "random"])
+    for name, rows in results.items():
+        r = rows["overall"]
+        assert r["total"] >= 7 and r["correct"] >= r["total"] - 1, f"{name}: {rows}"  # at most one miss

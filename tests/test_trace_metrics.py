@@ -2,6 +2,7 @@
 
 import json
 from dataclasses import replace
+from pathlib import Path
 
 import pytest
 import torch
@@ -15,6 +16,7 @@ from minillm.scheduler import ContinuousScheduler, StaticScheduler
 from minillm.trace import Trace, TraceError
 from minillm.workload import SEED_STORY, SEED_STORY_SLOTS, ChatKnobs, chat, seed_story
 from tests.conftest import SMALL_CONFIGS, random_model
+from viz.replies import tokens_produced
 
 
 @pytest.fixture(scope="module")
@@ -72,8 +74,10 @@ def test_trace_round_trips_through_json(story_traces, tmp_path):
         (lambda d: d.update(version=99), "unsupported version"),
         (lambda d: d["config"].pop("slots"), "config lacks"),
         (lambda d: d["steps"][0].pop("tokens"), '"tokens" is missing'),
-        (lambda d: d["steps"][0]["slots"].append(None), "slots, but config says"),
-        (lambda d: d["steps"][3]["slots"].__setitem__(0, {"id": "A", "state": "napping"}), "a slot must be null"),
+        (lambda d: d["steps"][0].update(num_seats=9), '"num_seats" must equal config slots'),
+        (lambda d: d["steps"][3]["seats"][0].__setitem__(2, "napping"), "a seat must be"),
+        (lambda d: d["steps"][3]["seats"][0].__setitem__(0, 4), "a seat must be"),
+        (lambda d: d["steps"][3]["seats"][0].__setitem__(1, "nobody"), "unknown request"),
         (lambda d: d["requests"][0].update(id=5), '"id" is missing or not a str'),
     ],
 )
@@ -112,3 +116,18 @@ def test_utilization_counts_held_seats_as_idle():
     trace = engine.run()
     assert len(trace.steps) == 6
     assert summarize(trace)["slot_utilization"] == pytest.approx((2 + 6) / (2 * 6))
+
+
+def test_version_1_files_still_load():
+    """tests/data/trace_v1.json was written by minillm before traces recorded token counts (version 1)."""
+    path = Path(__file__).parent / "data" / "trace_v1.json"
+    raw = json.loads(path.read_text())
+    assert raw["version"] == 1
+    trace = Trace.load(path)
+    for old, new in zip(raw["steps"], trace.steps):
+        assert [s and (s["id"], s["state"]) for s in old["slots"]] == [s and (s["id"], s["state"]) for s in new.slots]
+        assert new.num_waiting == len(old["waiting"])
+    for r in trace.requests:  # every reply token (and the EOS) was produced in some step
+        assert tokens_produced(trace, r.id, len(trace.steps) - 1) == len(r.output_ids) + (r.finish_reason == "eos")
+    busy = sum(1 for s in raw["steps"] for slot in s["slots"] if slot and slot["state"] != "held")
+    assert summarize(trace)["slot_utilization"] == busy / (len(raw["steps"]) * raw["config"]["slots"])

@@ -1,34 +1,57 @@
-"""The pictures say what the trace says: grid cells, KV blocks, reply text and statuses match the records."""
+"""The pictures say what the trace says: grid cells, KV blocks, token bars, figures so far, reply text and
+statuses match the records; the card's pictures match the roofline."""
 
 import numpy as np
 import pytest
 import torch
 
+from minillm import roofline, whatif
 from minillm.config import EngineConfig
 from minillm.engine import Engine
-from minillm.metrics import summarize
+from minillm.hardware import get_device
+from minillm.metrics import summarize, utilization_now
+from minillm.modelspec import load_spec
 from minillm.request import Request
+from minillm.run import run_workload
 from minillm.scheduler import ContinuousScheduler, StaticScheduler
+from minillm.simulate import SimulatedRunner
 from minillm.tokenizer import BOS, SEP, decode
+from minillm.workload import ChatKnobs
 from tests.conftest import random_model
 from viz import (
+    RunProgress,
+    Timeline,
+    TokenSplit,
     TracePlayer,
     kv_block_fill,
     kv_block_owners,
+    kv_block_refs,
     kv_blocks_rgb,
+    kv_memory,
+    memory_split,
     occupancy_grid,
     occupancy_labels,
     plot_kv_blocks,
+    plot_memory_split,
     plot_occupancy,
     plot_queue,
+    plot_speed_by_batch,
+    plot_users_by_context,
     plot_utilization,
     request_colors,
+    speed_by_batch,
     status_at_step,
     text_at_step,
+    token_split,
+    token_splits,
     tokens_produced,
+    users_by_context,
 )
-from viz.colors import STATE_CODES, STATE_RGB
+from viz.colors import CACHED_FREE_BLOCK, HELD, STATE_CODES, STATE_RGB, rgb255
+from viz.html import figures_html, token_budget_html
+from viz.occupancy import seat_runs
 from viz.raster import LEFT, TOP, OccupancyRaster
+from viz.replies import RequestStatuses
 
 
 def crowd(n=7):
@@ -39,9 +62,16 @@ def crowd(n=7):
     ]
 
 
-def serve(policy, kv="paged", **cfg):
+def sharers(n=5):
+    """Prompts that start with the same 9 tokens (two full blocks of 4), arriving one step apart."""
+    return [
+        Request(f"s{i}", [BOS, *range(97, 105), 110 + i, SEP], 4 + i, arrival_step=i, ignore_eos=True) for i in range(n)
+    ]
+
+
+def serve(policy, kv="paged", requests=None, **cfg):
     engine = Engine(random_model("gqa"), policy, EngineConfig(slots=3, kv=kv, block_size=4, max_len=64, **cfg))
-    for request in crowd():
+    for request in requests or crowd():
         engine.submit(request)
     return engine.run()
 
@@ -56,12 +86,22 @@ def traces():
             "continuous": serve(ContinuousScheduler()),
             "contiguous": serve(ContinuousScheduler(), kv="contiguous"),
             "preempting": serve(ContinuousScheduler(), num_blocks=7),  # too small a pool for three growing replies
+            "budgeted": serve(ContinuousScheduler(token_budget=4)),  # prompts of 5-8 tokens: cut into chunks
+            "shared": serve(ContinuousScheduler(), requests=sharers(), num_blocks=24, prefix_caching=True),
         }
     finally:
         torch.set_num_threads(threads)
 
 
-ALL = ["static", "continuous", "contiguous", "preempting"]
+ALL = ["static", "continuous", "contiguous", "preempting", "budgeted", "shared"]
+
+
+@pytest.fixture(scope="module")
+def simulated():
+    """A small crowd on a simulated card: times in simulated seconds, no block tables recorded."""
+    card = lambda: SimulatedRunner(load_spec("llama-3.1-8b"), get_device("rtx-4090"))
+    knobs = ChatKnobs(requests=24, rate_per_s=4)
+    return {s: run_workload(card(), "azure-conv", s, knobs=knobs, slots=8) for s in ("static", "continuous")}
 
 
 @pytest.mark.parametrize("name", ALL)
@@ -90,13 +130,16 @@ def test_the_preempting_run_really_preempts(traces):
 def test_block_owners_and_fill_equal_the_kv_tables(traces, name):
     trace, size = traces[name], traces[name].config["block_size"]
     for t, step in enumerate(trace.steps):
-        owners, fill = kv_block_owners(trace, t), kv_block_fill(trace, t)
-        assert len(owners) == len(fill) == step.kv_blocks_total
+        owners, fill, refs = kv_block_owners(trace, t), kv_block_fill(trace, t), kv_block_refs(trace, t)
+        assert len(owners) == len(fill) == len(refs) == step.kv_blocks_total
         assert sum(o is not None for o in owners) == step.kv_blocks_used
         for rid, blocks in step.kv_tables.items():
-            assert all(owners[b] == rid for b in blocks)
+            assert all(owners[b] == rid or refs[b] > 1 for b in blocks)  # a shared block shows one of its holders
             assert round(sum(fill[b] for b in blocks) * size) == step.kv_tokens[rid]
+        assert refs.sum() == sum(len(blocks) for blocks in step.kv_tables.values())
         assert all(f == 0 for o, f in zip(owners, fill) if o is None)
+        memory = kv_memory(step, size)
+        assert memory["stored"] + memory["reserved"] + memory["cached"] + memory["free"] == step.kv_blocks_total
 
 
 def test_contiguous_shows_reserved_but_empty_blocks_and_paged_does_not_waste_whole_blocks(traces):
@@ -112,13 +155,16 @@ def test_contiguous_shows_reserved_but_empty_blocks_and_paged_does_not_waste_who
 
 
 @pytest.mark.parametrize("name", ALL)
-def test_text_grows_by_one_token_per_working_step(traces, name):
+def test_text_grows_by_one_token_per_decode_step_and_finished_prompt(traces, name):
     trace = traces[name]
     for r in trace.requests:
         produced = [tokens_produced(trace, r.id, t) for t in range(len(trace.steps))]
         for t, step in enumerate(trace.steps):
-            working = any(s and s["id"] == r.id and s["state"] != "held" for s in step.slots)
-            assert produced[t] - (produced[t - 1] if t else 0) == int(working)
+            seat = next((s for s in step.slots if s and s["id"] == r.id), None)
+            state = seat["state"] if seat else None
+            made = produced[t] - (produced[t - 1] if t else 0)
+            assert made == (seat["produced"] if seat else 0)
+            assert made == 1 if state == "decode" else made <= (state == "prefill")  # a prompt's last chunk makes one
             assert text_at_step(trace, r.id, t) == decode(r.output_ids[: produced[t]])
         assert produced[-1] == len(r.output_ids) == r.max_new_tokens  # nothing lost, even when preempted
         assert text_at_step(trace, r.id, len(trace.steps) - 1) == decode(r.output_ids)
@@ -178,14 +224,207 @@ def test_raster_pixels_and_frames_match_the_trace(traces):
     grid = occupancy_grid(trace)
     for seat in range(3):
         for t in range(len(trace.steps)):
-            x = LEFT + (raster.px_of_step[t] + raster.px_of_step[t + 1]) // 2
+            x = LEFT + (raster.left_px[t] + raster.right_px[t]) // 2
             y = TOP + seat * raster.row_h + 1  # the top edge of the cell, clear of the label
-            if raster.px_of_step[t + 1] - raster.px_of_step[t] > 2:
+            if raster.right_px[t] - raster.left_px[t] > 2:
                 assert tuple(picture[y, x]) == tuple(STATE_RGB[grid[seat, t]])
     player = TracePlayer(trace, width=600)
     frame = player.frame(4)
     assert frame.occupancy_png[:4] == b"\x89PNG" and frame.kv_png[:4] == b"\x89PNG"
-    assert frame.metrics == summarize(trace, upto=4)
+    assert frame.metrics == RunProgress(trace).at(4)
     assert frame.waiting == trace.steps[4].waiting
     assert {r.id: r.text for r in frame.replies} == {r.id: text_at_step(trace, r.id, 4) for r in frame.replies}
     assert player.frame(10_000).step == len(trace.steps) - 1
+
+
+def test_seat_runs_equal_a_plain_loop(traces):
+    def plain(grid, labels):  # one run per (occupant, held or not) stretch, empty seats skipped
+        runs = []
+        for seat in range(grid.shape[0]):
+            start = 0
+            for t in range(1, grid.shape[1] + 1):
+                key = (labels[seat, start], grid[seat, start] == HELD)
+                if t == grid.shape[1] or (labels[seat, t], grid[seat, t] == HELD) != key:
+                    if labels[seat, start]:
+                        runs.append((seat, start, t - 1, labels[seat, start], bool(key[1])))
+                    start = t
+        return runs
+
+    for name in ALL:
+        grid, labels = occupancy_grid(traces[name]), occupancy_labels(traces[name])
+        assert seat_runs(grid, labels) == plain(grid, labels)
+
+
+@pytest.mark.parametrize("name", ALL)
+def test_figures_so_far_match_metrics_and_count_the_waiting(traces, name):
+    trace = traces[name]
+    progress = RunProgress(trace)
+    for t in range(len(trace.steps)):
+        m, upto = progress.at(t), summarize(trace, upto=t)
+        assert m["utilization_now"] == pytest.approx(utilization_now(trace, t))
+        assert m["utilization_so_far"] == pytest.approx(upto["slot_utilization"])
+        assert m["queue_length"] == upto["queue_length"] and m["tokens_so_far"] == upto["output_tokens"]
+        # TTFT so far: a request with no first token yet counts its steps waited so far
+        ttft = [
+            (r.first_token_step if r.first_token_step is not None and r.first_token_step <= t else t)
+            - r.arrival_step
+            + 1
+            for r in trace.requests
+            if r.arrival_step <= t
+        ]
+        assert m["ttft_p50_steps"] == pytest.approx(np.median(ttft))
+        assert m["waiting_for_first_token"] == sum(
+            r.arrival_step <= t and (r.first_token_step is None or r.first_token_step > t) for r in trace.requests
+        )
+    end = summarize(trace)
+    assert progress.at(len(trace.steps) - 1)["ttft_p50_steps"] == pytest.approx(end["ttft_p50_steps"])
+    assert progress.at(len(trace.steps) - 1)["tpot_p50_s"] == pytest.approx(end["tpot_p50_s"])
+
+
+def test_waiting_requests_raise_static_ttft_so_far(traces):
+    trace = traces["static"]
+    progress = RunProgress(trace)
+    t = max(r.first_token_step for r in trace.requests) - 1  # the last admitted request is still waiting here
+    m = progress.at(t)
+    assert m["waiting_for_first_token"] >= 1
+    assert m["ttft_p50_steps"] >= m["ttft_p50_steps_started_only"]  # the waiting ones waited longer than the first
+
+
+@pytest.mark.parametrize("name", ALL)
+def test_token_splits_match_the_seats(traces, name):
+    trace = traces[name]
+    splits = token_splits(trace)
+    for t, step in enumerate(trace.steps):
+        decode_rows = sum(s["tokens"] for s in step.slots if s and s["state"] == "decode")
+        prefill = sum(s["tokens"] for s in step.slots if s and s["state"] == "prefill")
+        assert list(splits[t]) == [decode_rows, prefill, step.padding_rows]
+        assert token_split(step) == TokenSplit(*splits[t])
+        assert prefill == step.prefill_tokens
+
+
+def test_a_small_budget_cuts_prompts_into_chunks(traces):
+    trace = traces["budgeted"]
+    splits = token_splits(trace)
+    assert (splits[:, 0] + splits[:, 1] <= 4).all()  # never over the budget
+    chunks = {}
+    for step in trace.steps:
+        for _, rid, state, ran, _ in step.seats:
+            if state == "prefill":
+                chunks.setdefault(rid, []).append(ran)
+    assert any(len(c) > 1 for c in chunks.values())  # some prompt took several steps
+    assert ((splits[:, 0] > 0) & (splits[:, 1] > 0)).any()  # decode rows and a chunk in one step
+    assert (token_splits(traces["static"])[:, 2] > 0).any()  # static computes its held seats as padding
+
+
+def test_shared_blocks_are_framed_and_cached_free_blocks_drawn_green(traces):
+    trace, cell = traces["shared"], 12
+    cols = 16  # blocks_per_row: 64 tokens / 4 per block
+    shared_steps = [t for t in range(len(trace.steps)) if (kv_block_refs(trace, t) > 1).any()]
+    assert shared_steps, "no step shares a block: the prefix cache did not hit"
+    t = shared_steps[0]
+    image, refs = kv_blocks_rgb(trace, t, cell=cell), kv_block_refs(trace, t)
+    corner = lambda b: tuple(image[(b // cols) * cell, (b % cols) * cell])
+    for block in np.nonzero(refs > 1)[0]:
+        assert corner(block) == (0, 0, 0)
+    for block in np.nonzero(refs == 1)[0]:
+        assert corner(block) != (0, 0, 0)
+    cached_steps = [t for t, s in enumerate(trace.steps) if s.kv_cached_free]
+    assert cached_steps, "no free block kept a cached prefix"
+    t = cached_steps[-1]
+    image, block = kv_blocks_rgb(trace, t, cell=cell), trace.steps[t].kv_cached_free[0]
+    middle = tuple(image[(block // cols) * cell + cell // 2, (block % cols) * cell + cell // 2])
+    assert middle == tuple(rgb255(CACHED_FREE_BLOCK))
+
+
+@pytest.mark.parametrize("name", ALL)
+def test_precomputed_statuses_equal_status_at_step(traces, name):
+    trace = traces[name]
+    statuses = RequestStatuses(trace)
+    for t, step in enumerate(trace.steps):
+        seat_state = {rid: state for _, rid, state, _, _ in step.seats}
+        produced = statuses.produced(t)
+        for i, r in enumerate(trace.requests):
+            assert statuses.status(r, t, seat_state) == status_at_step(trace, r.id, t)
+            assert produced[i] == tokens_produced(trace, r.id, t)
+
+
+def test_tiny_runs_advance_by_steps_together(traces):
+    players = [TracePlayer(traces[n], 600) for n in ("static", "continuous")]
+    timeline = Timeline.of(players)
+    assert timeline.unit == "step" and timeline.last == max(p.last_step for p in players)
+    short = min(players, key=lambda p: p.last_step)
+    assert timeline.step_of(short, timeline.last) == short.last_step  # a finished run stays on its last step
+
+
+def test_simulated_runs_advance_by_time_on_one_clock(simulated):
+    end = max(t.steps[-1].time_s for t in simulated.values())
+    players = [TracePlayer(t, 700, axis_seconds=end) for t in simulated.values()]
+    timeline = Timeline.of(players)
+    assert timeline.unit == "s" and timeline.seconds(timeline.last) >= end
+    for player in players:
+        starts = player.progress.start_s
+        for position in range(0, timeline.last + 1, max(1, timeline.last // 40)):
+            t, step = timeline.seconds(position), timeline.step_of(player, position)
+            assert starts[step] <= t or step == 0
+            assert step == player.last_step or starts[step + 1] > t
+        frame = player.frame(player.last_step // 2)
+        assert frame.kv_png is None and frame.replies == []  # no tables recorded; replies are placeholders
+        assert frame.kv["total"] == player.trace.config["num_blocks"]
+        assert frame.occupancy_png[:4] == b"\x89PNG"
+
+
+def test_a_time_axis_leaves_idle_gaps_empty():
+    runner = SimulatedRunner(load_spec("llama-3.1-8b"), get_device("rtx-4090"))
+    trace = run_workload(runner, "azure-conv", "continuous", knobs=ChatKnobs(requests=6, rate_per_s=0.2), slots=8)
+    raster = OccupancyRaster(trace, 700, axis_seconds=trace.steps[-1].time_s)
+    picture = np.asarray(raster.frame(len(trace.steps) - 1))
+    starts = [s.time_s - s.wall_s for s in trace.steps]
+    gaps = [
+        (trace.steps[i].time_s, starts[i + 1])
+        for i in range(len(starts) - 1)
+        if starts[i + 1] - trace.steps[i].time_s > 0.5
+    ]
+    assert gaps, "this crowd never left the engine idle"
+    scale = raster.plot_w / raster.axis
+    a, b = gaps[0]
+    x = LEFT + int((a + b) / 2 * scale)
+    rows = TOP + np.arange(raster.slots) * raster.row_h + 1  # a pixel inside each seat's row
+    assert (picture[rows, x] == STATE_RGB[0]).all()  # nobody seated while the engine waits
+
+
+def test_card_pictures_follow_the_roofline():
+    spec, card = load_spec("llama-3.1-8b"), get_device("rtx-4090")
+    plan = whatif.plan(spec, card, context=4096)
+    parts = dict(memory_split(plan))
+    assert sum(parts.values()) == pytest.approx(plan["memory_bytes"])
+    assert min(parts.values()) >= 0 and parts["KV cache"] + parts["KV room left"] == pytest.approx(
+        plan["free_kv_bytes"]
+    )
+    assert parts["KV room left"] < 4096 * plan["kv_bytes_per_token"]  # less than one more user's worth
+    big = whatif.plan(load_spec("llama-3.1-70b"), card)
+    assert sum(v for _, v in memory_split(big)) > big["memory_bytes"]  # the weights alone overflow the card
+    contexts = [256, 1024, 4096, 16384]
+    users = users_by_context(spec, card, contexts)
+    assert list(users) == [roofline.max_users(spec, card, c) for c in contexts]
+    assert (np.diff(users) <= 0).all() and users[0] >= 4 * users[2]
+    speed = speed_by_batch(spec, card, 512, [1, 2, 8, 64, 512, 1024])
+    assert (np.diff(speed["total"]) > 0).all() and (np.diff(speed["per_user"]) <= 0).all()
+    ridge = roofline.ridge_batch(spec, card, 512)
+    assert list(speed["compute_bound"]) == [b > ridge for b in speed["batch"]]
+    for figure in (
+        plot_memory_split(plan),
+        plot_users_by_context(spec, card, 4096),
+        plot_speed_by_batch(spec, card, 512),
+        plot_memory_split(big),
+        plot_users_by_context(load_spec("llama-3.1-70b"), card, 4096),  # not one user fits: still a picture
+    ):
+        assert figure.axes
+
+
+def test_budget_bar_and_figures_html():
+    over = token_budget_html(TokenSplit(decode=3, prefill=4, padding=2), budget=7, scale=9)
+    assert "7 of a 7-token budget, and 2 padding rows" in over and "border-left" in over  # the budget marked
+    assert "3 decode" in over and "4 prefill" in over and "2 padding" in over
+    assert "no token budget" in token_budget_html(TokenSplit(1, 0, 0), budget=None, scale=5)
+    html = figures_html([("TTFT p50, steps", "151", "4 still waiting", "tip")])
+    assert 'data-figure="TTFT p50, steps">151<' in html and "4 still waiting" in html

@@ -1,33 +1,57 @@
-"""Pictures of a minillm trace, shared by the lesson notebooks and the app.
+"""Pictures of a minillm trace, and of a model on a card, shared by the lesson notebooks and the app.
 
-Pure functions: a Trace in, a matplotlib Figure or plain data out (the app's fast path paints
-numpy pixels instead, see raster.py and player.py).
+Pure functions: a Trace (or whatif.plan's numbers) in, a matplotlib Figure or plain data out. The
+app's fast path paints numpy pixels instead and precomputes per trace (raster.py, player.py), so a
+frame costs the same at any step of a run of any length.
 """
 
+from viz.budget import TokenSplit, token_split, token_splits
+from viz.card import (
+    memory_split,
+    plot_memory_split,
+    plot_speed_by_batch,
+    plot_users_by_context,
+    speed_by_batch,
+    users_by_context,
+)
 from viz.colors import STATE_COLORS, request_colors
-from viz.kv_blocks import kv_block_fill, kv_block_owners, kv_blocks_rgb, plot_kv_blocks
+from viz.kv_blocks import kv_block_fill, kv_block_owners, kv_block_refs, kv_blocks_rgb, kv_memory, plot_kv_blocks
 from viz.occupancy import occupancy_grid, occupancy_labels, plot_occupancy
-from viz.player import Frame, TracePlayer
+from viz.player import Frame, Timeline, TracePlayer
+from viz.progress import RunProgress
 from viz.replies import status_at_step, text_at_step, tokens_produced
 from viz.timeline import plot_queue, plot_utilization, queue_lengths, running_utilization
 
 __all__ = [
     "STATE_COLORS",
     "Frame",
+    "RunProgress",
+    "Timeline",
+    "TokenSplit",
     "TracePlayer",
     "kv_block_fill",
     "kv_block_owners",
+    "kv_block_refs",
     "kv_blocks_rgb",
+    "kv_memory",
+    "memory_split",
     "occupancy_grid",
     "occupancy_labels",
     "plot_kv_blocks",
+    "plot_memory_split",
     "plot_occupancy",
     "plot_queue",
+    "plot_speed_by_batch",
+    "plot_users_by_context",
     "plot_utilization",
     "queue_lengths",
     "request_colors",
     "running_utilization",
+    "speed_by_batch",
     "status_at_step",
     "text_at_step",
+    "token_split",
+    "token_splits",
     "tokens_produced",
+    "users_by_context",
 ]

@@ -4,29 +4,119 @@ from __future__ import annotations
 
 from html import escape
 
-from viz.colors import FREE_BLOCK, STATE_COLORS, STATE_NAMES
+from viz.budget import TokenSplit
+from viz.colors import CACHED_FREE_BLOCK, DECODE, EMPTY, FREE_BLOCK, HELD, PREFILL, STALLED, STATE_COLORS, STATE_NAMES
 
 REPLY_TAIL = 180  # characters of a long reply kept on screen: the end is where the typing happens
 STATUS_COLORS = {"running": "#0072b2", "held": "#b03030", "waiting": "#777777", "preempted": "#d55e00"}
 
 
-def swatch(color: str, border: str = "#999999") -> str:
+def swatch(color: str, border: str = "#999999", border_px: int = 1) -> str:
     return (
-        f'<span style="display:inline-block;width:0.9em;height:0.9em;background:{color};'
-        f'border:1px solid {border};vertical-align:middle;margin-right:0.3em"></span>'
+        f'<span style="display:inline-block;width:0.9em;height:0.9em;background:{color};box-sizing:border-box;'
+        f'border:{border_px}px solid {border};vertical-align:middle;margin-right:0.3em"></span>'
     )
 
 
-def occupancy_legend() -> str:
-    items = [f"{swatch(STATE_COLORS[c])}{STATE_NAMES[c]}" for c in (1, 2, 3, 0)]
+def occupancy_legend(stalled: bool = False) -> str:
+    codes = (PREFILL, DECODE, HELD, STALLED, EMPTY) if stalled else (PREFILL, DECODE, HELD, EMPTY)
+    items = [f"{swatch(STATE_COLORS[c])}{STATE_NAMES[c]}" for c in codes]
     return '<div style="font-size:0.95em">' + " &nbsp; ".join(items) + "</div>"
 
 
-def kv_legend() -> str:
+def kv_legend(prefix_caching: bool = False) -> str:
+    shared = ""
+    if prefix_caching:
+        shared = (
+            f"{swatch('#555555', '#000000', 3)}shared by n requests (n = reference count) &nbsp; "
+            f"{swatch(CACHED_FREE_BLOCK)}free, still holding a cached prefix &nbsp; "
+        )
     return (
         f'<div style="font-size:0.85em;color:#444">{swatch("#555555")}tokens stored (a colour per request) &nbsp; '
-        f"{swatch('#d5d5d5')}reserved but empty &nbsp; {swatch(FREE_BLOCK)}free</div>"
+        f"{swatch('#d5d5d5')}reserved but empty &nbsp; {shared}{swatch(FREE_BLOCK)}free</div>"
     )
+
+
+def stacked_bar(parts: list[tuple[str, float, str]], total: float, mark: float | None = None, height="1.3em") -> str:
+    """A horizontal bar: (label, amount, colour) parts, laid left to right as shares of `total`;
+    `mark`: an amount to draw a black line at (a budget smaller than the bar)."""
+    cells = "".join(
+        f'<div title="{escape(label)}" style="width:{100 * amount / total:.3f}%;background:{color}"></div>'
+        for label, amount, color in parts
+        if amount > 0
+    )
+    line = ""
+    if mark is not None and mark < total:
+        at = f"left:{100 * mark / total:.3f}%"
+        line = f'<div style="position:absolute;{at};top:-3px;bottom:-3px;border-left:2px solid #000"></div>'
+    return (
+        f'<div style="position:relative;display:flex;height:{height};border:1px solid #999;background:{FREE_BLOCK};'
+        f'margin:0.15em 0 0.3em 0">{cells}{line}</div>'
+    )
+
+
+def bar_block(head: str, parts: list[tuple[str, float, str]], total: float, extra: str = "", mark=None) -> str:
+    """A heading, the bar, and a legend line naming each non-empty part with its amount."""
+    words = [f"{swatch(color)}{amount:,} {label}" for label, amount, color in parts if amount]
+    words += [extra] if extra else []
+    legend = f"<span style='font-size:0.85em'>{' &nbsp; '.join(words)}</span>"
+    return f"<div>{head}{stacked_bar(parts, total, mark)}{legend}</div>"
+
+
+TOKEN_COLORS = {"decode": STATE_COLORS[DECODE], "prefill": STATE_COLORS[PREFILL], "padding": STATE_COLORS[HELD]}
+
+
+def token_budget_html(split: TokenSplit, budget: int | None, scale: int) -> str:
+    """This step's tokens against the budget: decode rows, prefill chunks, padding rows (the bar's width: `scale`;
+    padding rows take no budget, but they are computed: they show beyond the budget's mark)."""
+    parts = [
+        ("decode", split.decode, TOKEN_COLORS["decode"]),
+        ("prefill", split.prefill, TOKEN_COLORS["prefill"]),
+        ("padding", split.padding, TOKEN_COLORS["padding"]),
+    ]
+    spent = split.decode + split.prefill
+    head = f"<b>Tokens this step</b>: {spent} of a {budget}-token budget" if budget else (
+        f"<b>Tokens this step</b>: {spent} (no token budget: whole prompts at once)")  # fmt: skip
+    if split.padding:
+        head += f", and {split.padding} padding rows for held seats"
+    return bar_block(head, parts, scale, mark=budget)
+
+
+KV_COLORS = {"stored": "#555555", "reserved": "#d5d5d5", "cached": CACHED_FREE_BLOCK}
+
+
+def kv_memory_html(kv: dict[str, int], bytes_per_block: float | None = None) -> str:
+    """The KV pool at one step as one bar (a simulated card's pool has thousands of blocks: no map)."""
+    parts = [
+        ("holding tokens", kv["stored"], KV_COLORS["stored"]),
+        ("reserved but empty", kv["reserved"], KV_COLORS["reserved"]),
+        ("free, cached prefix", kv["cached"], KV_COLORS["cached"]),
+    ]
+    used = kv["stored"] + kv["reserved"]
+    size = ""
+    if bytes_per_block:
+        gib = lambda blocks: f"{blocks * bytes_per_block / 2**30:,.{1 if blocks * bytes_per_block >= 2**33 else 2}f}"
+        size = f" = {gib(used)} of {gib(kv['total'])} GiB"
+    head = f"<b>KV memory</b>: {used:,} of {kv['total']:,} blocks in use{size}, {kv['tokens']:,} tokens stored"
+    return bar_block(head, parts, max(kv["total"], 1), f"{swatch(FREE_BLOCK)}{kv['free']:,} free")
+
+
+FIGURE_LABEL = "font-size:0.8em;color:#555;white-space:nowrap;overflow:hidden;text-overflow:ellipsis"
+FIGURE_VALUE = "font-size:1.9em;line-height:1.15"
+
+
+def figures_html(figures: list[tuple[str, str, str, str]]) -> str:
+    """A row of big numbers, each (label, value, note under it or "", tooltip): like st.metric, but six fit
+    in half a projector's width."""
+    cells = []
+    for label, value, note, tip in figures:
+        under = f'<div style="font-size:0.75em;color:#555">{escape(note)}</div>' if note else ""
+        cells.append(
+            f'<div title="{escape(tip)}" style="min-width:0"><div style="{FIGURE_LABEL}">{escape(label)}</div>'
+            f'<div style="{FIGURE_VALUE}" data-figure="{escape(label)}">{escape(value)}</div>{under}</div>'
+        )
+    grid = f"display:grid;grid-template-columns:repeat({len(cells)}, minmax(0, 1fr));gap:0.6em;margin:0.2em 0 0.6em 0"
+    return f'<div style="{grid}">{"".join(cells)}</div>'
 
 
 def chip(request_id: str, color: str) -> str:
@@ -36,11 +126,14 @@ def chip(request_id: str, color: str) -> str:
     )
 
 
-def queue_html(waiting: list[str], colors: dict[str, str]) -> str:
-    if not waiting:
+def queue_html(waiting: list[str], colors: dict[str, str], length: int | None = None) -> str:
+    """The queue's head as chips; `length`: the whole queue's length, when more are waiting than shown."""
+    length = len(waiting) if length is None else length
+    if not length:
         return "<div><b>Waiting queue:</b> empty</div>"
     chips = "".join(chip(rid, colors.get(rid, "#777777")) for rid in waiting)
-    return f"<div><b>Waiting queue ({len(waiting)}):</b> {chips}</div>"
+    more = f" … and {length - len(waiting)} more" if length > len(waiting) else ""
+    return f"<div><b>Waiting queue ({length}):</b> {chips}{more}</div>"
 
 
 def status_html(status: str) -> str:

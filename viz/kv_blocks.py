@@ -3,6 +3,14 @@
 Under the contiguous layout a seat owns its whole max-length row from admission, so most of
 its blocks are reserved but empty (drawn pale); under the paged layout a sequence holds only
 the blocks it fills, and the rest of the pool stays free for others.
+
+With prefix caching a full block can sit in several requests' tables at once: it is drawn with a
+dark frame and its reference count (how many tables hold it). A block nobody holds any more may
+still keep its cached prefix, reusable by the next request whose prompt starts the same way
+until the free list hands it to someone else: it is drawn pale green, not free grey.
+
+A simulated run records no tables (its pool has thousands of blocks): `kv_memory` gives the
+step's totals for a bar instead.
 """
 
 from __future__ import annotations
@@ -10,21 +18,43 @@ from __future__ import annotations
 import numpy as np
 from matplotlib.figure import Figure
 from matplotlib.patches import Patch
+from PIL import Image, ImageDraw
 
+from minillm.errors import MinillmError
+from minillm.modelspec import load_spec
+from minillm.roofline import kv_bytes_per_token
 from minillm.trace import Trace
-from viz.colors import FREE_BLOCK, request_colors, rgb255
+from viz.colors import CACHED_FREE_BLOCK, FREE_BLOCK, request_colors, rgb255
+from viz.raster import font
 
 WHITE = np.array([255, 255, 255], dtype=np.uint8)
 
 
 def kv_block_owners(trace: Trace, step: int) -> list[str | None]:
-    """Owner request id of every block in the pool at `step` (None: free)."""
+    """Owner request id of every block in the pool at `step` (None: free; a shared block: its first holder)."""
     record = trace.steps[step]
     owners: list[str | None] = [None] * record.kv_blocks_total
-    for rid, blocks in record.kv_tables.items():
+    for rid, blocks in reversed(record.kv_tables.items()):  # the first table listed wins a shared block
         for block in blocks:
             owners[block] = rid
     return owners
+
+
+def kv_block_refs(trace: Trace, step: int) -> np.ndarray:
+    """(blocks,) how many requests' block tables hold each block at `step`: 2 or more means shared."""
+    record = trace.steps[step]
+    held = [b for blocks in record.kv_tables.values() for b in blocks]
+    return np.bincount(np.array(held, dtype=np.int64), minlength=record.kv_blocks_total)
+
+
+def kv_memory(record, block_size: int) -> dict[str, int]:
+    """The pool at one step in blocks: holding tokens, reserved but empty, free with a cached prefix, free.
+    (Tokens stored count a shared block once; "holding tokens" rounds them to whole blocks.)"""
+    used, total = record.kv_blocks_used, record.kv_blocks_total
+    stored = min(used, -(-record.kv_tokens_stored // block_size)) if used else 0
+    cached = min(record.kv_cached_blocks, total - used)
+    return {"stored": stored, "reserved": used - stored, "cached": cached, "free": total - used - cached,
+            "total": total, "tokens": record.kv_tokens_stored}  # fmt: skip
 
 
 def kv_block_fill(trace: Trace, step: int) -> list[float]:
@@ -45,13 +75,16 @@ def blocks_per_row(trace: Trace) -> int:
 
 
 def kv_blocks_rgb(trace: Trace, step: int, cell: int = 12, colors: dict[str, str] | None = None) -> np.ndarray:
-    """(H, W, 3) uint8 picture of the pool: a cell per block, filled from the left as far as tokens fill it."""
+    """(H, W, 3) uint8 picture of the pool: a cell per block, filled from the left as far as tokens fill it;
+    shared blocks framed in black with their reference count, free blocks with a cached prefix pale green."""
     owners, fill = kv_block_owners(trace, step), np.array(kv_block_fill(trace, step))
+    refs = kv_block_refs(trace, step)
     colors = colors or request_colors(trace)
     cols = blocks_per_row(trace)
     rows = max(1, -(-len(owners) // cols))
     padded = rows * cols  # the last row may be short: pad it with free blocks
     full = np.tile(rgb255(FREE_BLOCK), (padded, 1))
+    full[trace.steps[step].kv_cached_free] = rgb255(CACHED_FREE_BLOCK)
     pale = full.copy()
     rgb = {rid: rgb255(color) for rid, color in colors.items()}
     for block, owner in enumerate(owners):
@@ -67,7 +100,23 @@ def kv_blocks_rgb(trace: Trace, step: int, cell: int = 12, colors: dict[str, str
     image = np.where(solid[..., None], full[block_at], pale[block_at]).astype(np.uint8)
     image[cell - 1 :: cell, :] = WHITE
     image[:, cell - 1 :: cell] = WHITE
-    return image
+    shared = np.nonzero(refs > 1)[0]
+    return _mark_shared(image, shared, refs[shared], cols, cell) if len(shared) else image
+
+
+def _mark_shared(image: np.ndarray, blocks: np.ndarray, counts: np.ndarray, cols: int, cell: int) -> np.ndarray:
+    """A black frame around each shared block, and its reference count inside when the cell has room."""
+    picture = Image.fromarray(image)
+    draw = ImageDraw.Draw(picture)
+    size = cell - 1
+    for block, count in zip(blocks.tolist(), counts.tolist()):
+        x, y = (block % cols) * cell, (block // cols) * cell
+        draw.rectangle([x, y, x + size - 1, y + size - 1], outline=(0, 0, 0), width=max(1, cell // 8))
+        if cell >= 9:  # room for a digit
+            text = str(count) if count < 10 else "+"
+            draw.text((x + size / 2, y + size / 2), text, fill="white", font=font(max(8, cell - 4)), anchor="mm",
+                      stroke_width=1, stroke_fill="black")  # fmt: skip
+    return np.asarray(picture).copy()
 
 
 def plot_kv_blocks(trace: Trace, step: int, ax=None) -> Figure:
@@ -89,7 +138,20 @@ def plot_kv_blocks(trace: Trace, step: int, ax=None) -> Figure:
     legend = [
         Patch(color="#555555", label="tokens stored"),
         Patch(color="#d5d5d5", label="reserved, empty"),
+        Patch(fc="#555555", ec="black", lw=2, label="shared (n: holders)"),
+        Patch(color=CACHED_FREE_BLOCK, label="free, cached prefix"),
         Patch(color=FREE_BLOCK, label="free", ec="#bbbbbb"),
     ]
     ax.legend(handles=legend, loc="upper left", bbox_to_anchor=(1.0, 1.0), frameon=False, fontsize=9)
     return ax.figure
+
+
+def kv_block_bytes(trace: Trace) -> float | None:
+    """Bytes of one KV block of a simulated run's model and KV dtype (None when the trace does not say)."""
+    config = trace.config
+    if config.get("clock") != "simulated" or "kv_dtype" not in config:
+        return None
+    try:
+        return kv_bytes_per_token(load_spec(config["model"]), config["kv_dtype"]) * config["block_size"]
+    except MinillmError:  # a config.json given by a path that is not on this machine
+        return None

@@ -7,50 +7,45 @@ from matplotlib.figure import Figure
 from matplotlib.patches import Patch
 
 from minillm.trace import Trace
-from viz.colors import FUTURE, HELD, STATE_CODES, STATE_COLORS, STATE_NAMES, STATE_RGB
-
-
-def _steps(trace: Trace, upto: int | None):
-    return trace.steps if upto is None else trace.steps[: upto + 1]
+from viz.colors import DECODE, EMPTY, FUTURE, HELD, PREFILL, STALLED, STATE_COLORS, STATE_NAMES, STATE_RGB
+from viz.seats import seat_grids, seat_table
 
 
 def occupancy_grid(trace: Trace, upto: int | None = None) -> np.ndarray:
-    """(slots, steps) int array: 0 empty, 1 prefill, 2 decode, 3 held (finished but keeping its seat)."""
-    steps = _steps(trace, upto)
-    grid = np.zeros((trace.config["slots"], len(steps)), dtype=np.int8)
-    for t, step in enumerate(steps):
-        for seat, slot in enumerate(step.slots):
-            if slot is not None:
-                grid[seat, t] = STATE_CODES[slot["state"]]
-    return grid
+    """(slots, steps) int array: 0 empty, 1 prefill, 2 decode, 3 held (finished but keeping its seat), 5 stalled."""
+    states, _ = seat_grids(seat_table(trace))
+    return states if upto is None else states[:, : upto + 1]
 
 
 def occupancy_labels(trace: Trace, upto: int | None = None) -> np.ndarray:
     """(slots, steps) array of the request id in each seat ("" for an empty seat)."""
-    steps = _steps(trace, upto)
-    labels = np.full((trace.config["slots"], len(steps)), "", dtype=object)
-    for t, step in enumerate(steps):
-        for seat, slot in enumerate(step.slots):
-            if slot is not None:
-                labels[seat, t] = slot["id"]
-    return labels
+    _, requests = seat_grids(seat_table(trace))
+    names = np.array([r.id for r in trace.requests] + [""], dtype=object)  # index -1: the empty seat's ""
+    labels = names[requests]
+    return labels if upto is None else labels[:, : upto + 1]
 
 
-def seat_runs(grid: np.ndarray, labels: np.ndarray) -> list[tuple[int, int, int, str, bool]]:
+def seat_runs(grid: np.ndarray, labels: np.ndarray) -> list[tuple[int, int, int, object, bool]]:
     """Maximal runs of one request in one seat, split where it stops working and starts holding the seat.
 
-    Returns (seat, first step, last step, request id, held) tuples: what gets one label each.
+    grid: (seats, steps) state codes; labels: the same shape, whatever names the occupant (ids or indices).
+    Returns (seat, first step, last step, label, held) tuples: what gets one label each.
     """
-    runs = []
-    for seat in range(grid.shape[0]):
-        start = 0
-        for t in range(1, grid.shape[1] + 1):
-            key = (labels[seat, start], grid[seat, start] == HELD)
-            if t == grid.shape[1] or (labels[seat, t], grid[seat, t] == HELD) != key:
-                if labels[seat, start]:
-                    runs.append((seat, start, t - 1, labels[seat, start], bool(key[1])))
-                start = t
-    return runs
+    seats, n = grid.shape
+    if n == 0:
+        return []
+    held = grid == HELD
+    starts = np.ones(grid.shape, dtype=bool)  # True where a run begins: step 0, or a new occupant or held-ness
+    starts[:, 1:] = (labels[:, 1:] != labels[:, :-1]) | (held[:, 1:] != held[:, :-1]) | (grid[:, 1:] == 0)
+    seat, first = np.nonzero(starts)  # row-major: by seat, then by step
+    last = np.full(len(first), n - 1)
+    same_seat = seat[1:] == seat[:-1]
+    last[:-1] = np.where(same_seat, first[1:] - 1, n - 1)
+    occupied = grid[seat, first] != 0
+    return [
+        (int(s), int(a), int(b), labels[s, a], bool(held[s, a]))
+        for s, a, b in zip(seat[occupied], first[occupied], last[occupied])
+    ]
 
 
 def plot_occupancy(trace: Trace, upto: int | None = None, ax=None, title: str | None = None) -> Figure:
@@ -61,14 +56,17 @@ def plot_occupancy(trace: Trace, upto: int | None = None, ax=None, title: str | 
     shown = grid.copy()
     shown[:, now + 1 :] = FUTURE
     if ax is None:
-        fig = Figure(figsize=(12, 1.3 + 0.45 * slots), layout="constrained")
+        fig = Figure(figsize=(12, 1.3 + 0.45 * min(slots, 16)), layout="constrained")  # 256 seats: thin rows
         ax = fig.add_subplot()
     ax.imshow(STATE_RGB[shown], aspect="auto", interpolation="nearest", extent=(-0.5, n - 0.5, slots - 0.5, -0.5))
-    ax.set_yticks(range(slots), [f"seat {i}" for i in range(slots)])
+    every = -(-slots // 16)  # at most 16 seat names
+    ax.set_yticks(range(0, slots, every), [f"seat {i}" for i in range(0, slots, every)])
     ax.set_xlabel("engine step")
     ax.axvline(now + 0.5, color="black", linewidth=2)
-    _label_runs(ax, grid[:, : now + 1], labels[:, : now + 1], n)
-    handles = [Patch(color=STATE_COLORS[c], label=STATE_NAMES[c]) for c in (1, 2, 3, 0)]
+    if slots <= 32:  # thinner rows have no room for names
+        _label_runs(ax, grid[:, : now + 1], labels[:, : now + 1], n)
+    shown_states = [c for c in (PREFILL, DECODE, HELD, STALLED) if (grid == c).any()] + [EMPTY]
+    handles = [Patch(color=STATE_COLORS[c], label=STATE_NAMES[c]) for c in shown_states]
     ax.legend(handles=handles, loc="lower left", bbox_to_anchor=(0, 1.0), ncol=4, frameon=False, fontsize=10)
     ax.set_title(title or f"{trace.config['scheduler']} batching: who sits in each seat", loc="right")
     return ax.figure

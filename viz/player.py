@@ -1,4 +1,14 @@
-"""Everything the app shows at one step of a trace, precomputed once per trace so a frame is cheap."""
+"""Everything the app shows at one moment of a trace, precomputed once per trace so a frame is cheap.
+
+A TracePlayer holds one run; a Timeline says which step of each run the player shows. The tiny
+model's runs advance together a step at a time (the lessons count in steps). A simulated card's
+runs advance together in simulated seconds: there a continuous step, with its newcomers' prompt
+chunks, takes longer than a static one, and arrivals come at times, not steps, so comparing two
+runs at the same step number would compare different moments.
+
+Per frame, nothing loops over the whole trace: the pictures are revealed from rasters painted
+once, the figures are lookups in arrays (progress.py), the requests' statuses need one step's seats.
+"""
 
 from __future__ import annotations
 
@@ -9,10 +19,15 @@ import numpy as np
 from minillm.metrics import summarize
 from minillm.tokenizer import decode
 from minillm.trace import Trace
-from viz.colors import request_colors
-from viz.kv_blocks import blocks_per_row, kv_blocks_rgb
-from viz.raster import OccupancyRaster, png_bytes
-from viz.replies import produced_counts, status_at_step
+from viz.budget import TokenSplit, bar_scale, token_budget, token_splits
+from viz.colors import STALLED, request_colors
+from viz.kv_blocks import blocks_per_row, kv_block_bytes, kv_block_refs, kv_blocks_rgb, kv_memory
+from viz.progress import RunProgress
+from viz.raster import OccupancyRaster, nice_tick_step, png_bytes
+from viz.replies import RequestStatuses
+from viz.seats import seat_table
+
+WAITING_SHOWN = 24  # queue chips drawn; the rest is a count
 
 
 @dataclass
@@ -28,44 +43,115 @@ class Reply:
 class Frame:
     step: int  # this trace's step (a shorter run stays on its last step)
     occupancy_png: bytes
-    kv_png: bytes
-    metrics: dict  # metrics.summarize(trace, upto=step)
-    waiting: list[str]
-    replies: list[Reply]  # requests that have arrived, in workload order
+    kv_png: bytes | None  # the block map; None when the run recorded no block tables (a simulated card)
+    kv: dict[str, int]  # kv_blocks.kv_memory: the pool in blocks (for a bar)
+    shared_blocks: int  # blocks in two or more requests' tables (prefix caching; 0 without a block map)
+    tokens: TokenSplit  # this step's tokens: decode, prefill, padding
+    metrics: dict  # progress.RunProgress.at(step)
+    waiting: list[str]  # the head of the queue
+    replies: list[Reply]  # requests that have arrived, in workload order (none for a simulated card's placeholders)
     not_arrived: int
 
 
 class TracePlayer:
-    def __init__(self, trace: Trace, width: int = 1100, axis_steps: int | None = None):
+    def __init__(self, trace: Trace, width: int = 1100, axis_steps: int | None = None,
+                 axis_seconds: float | None = None):  # fmt: skip
+        """axis_steps / axis_seconds: the span of the occupancy chart's x axis, shared by the runs shown together."""
         if not trace.steps:
             raise ValueError("this trace has no steps to replay (were all its requests rejected?)")
+        table = seat_table(trace)
         self.trace = trace
         self.last_step = len(trace.steps) - 1
+        self.simulated = trace.config.get("clock") == "simulated"
         self.colors = request_colors(trace)
-        self.occupancy = OccupancyRaster(trace, width, axis_steps)
+        self.occupancy = OccupancyRaster(trace, width, axis_steps, axis_seconds, table)
         self.kv_cell = int(np.clip(width // blocks_per_row(trace), 5, 16))
-        self.produced = produced_counts(trace)
+        self.has_block_map = any(s.kv_tables for s in trace.steps)
+        self.has_stalled = bool((table.state == STALLED).any())
+        self.kv_block_bytes = kv_block_bytes(trace)  # for a pool drawn as a bar: its size in GiB
+        self.progress = RunProgress(trace, table)
+        self.splits = token_splits(trace, table)
+        self.budget, self.bar_tokens = token_budget(trace), bar_scale(trace, self.splits)
+        self.statuses = RequestStatuses(trace, table)
+        self.prompts = [r.prompt or decode(r.prompt_ids) for r in trace.requests]
         self.summary = summarize(trace)  # the whole run, for comparisons
+
+    @property
+    def end_s(self) -> float:
+        return float(self.progress.end_s[-1])
 
     def frame(self, step: int) -> Frame:
         step = int(np.clip(step, 0, self.last_step))
-        replies = [
-            Reply(
-                id=r.id,
-                color=self.colors[r.id],
-                status=status_at_step(self.trace, r.id, step),
-                prompt=r.prompt or decode(r.prompt_ids),
-                text=decode(r.output_ids[: self.produced[r.id][step]]),
-            )
-            for r in self.trace.requests
-            if r.arrival_step <= step
-        ]
+        record = self.trace.steps[step]
+        kv_png, shared = None, 0
+        if self.has_block_map:
+            kv_png = png_bytes(kv_blocks_rgb(self.trace, step, self.kv_cell, self.colors))
+            shared = int((kv_block_refs(self.trace, step) > 1).sum())
+        arrived = [i for i, r in enumerate(self.trace.requests) if r.arrival_step <= step]
         return Frame(
             step=step,
             occupancy_png=png_bytes(self.occupancy.frame(step)),
-            kv_png=png_bytes(kv_blocks_rgb(self.trace, step, self.kv_cell, self.colors)),
-            metrics=summarize(self.trace, upto=step),
-            waiting=list(self.trace.steps[step].waiting),
-            replies=replies,
-            not_arrived=len(self.trace.requests) - len(replies),
+            kv_png=kv_png,
+            kv=kv_memory(record, self.trace.config["block_size"]),
+            shared_blocks=shared,
+            tokens=TokenSplit(*map(int, self.splits[step])),
+            metrics=self.progress.at(step),
+            waiting=list(record.waiting[:WAITING_SHOWN]),
+            replies=[] if self.simulated else self.replies(step, arrived),
+            not_arrived=len(self.trace.requests) - len(arrived),
         )
+
+    def replies(self, step: int, arrived: list[int]) -> list[Reply]:
+        seat_state = {rid: state for _, rid, state, _, _ in self.trace.steps[step].seats}
+        produced = self.statuses.produced(step)
+        out = []
+        for i in arrived:
+            r = self.trace.requests[i]
+            status = self.statuses.status(r, step, seat_state)
+            out.append(Reply(r.id, self.colors[r.id], status, self.prompts[i], decode(r.output_ids[: produced[i]])))
+        return out
+
+
+@dataclass(frozen=True)
+class Timeline:
+    """The player's positions 0..last, and the step each run shows at a position.
+
+    unit "step": position = step (a run that has finished stays on its last step).
+    unit "s": position x tick_s = a moment on the simulated clock; each run shows the last step
+    it had started by then.
+    """
+
+    unit: str
+    last: int
+    tick_s: float = 1.0
+
+    @classmethod
+    def of(cls, players: list[TracePlayer]) -> Timeline:
+        if players and all(p.simulated for p in players):
+            end = max(p.end_s for p in players)
+            tick = float(nice_tick_step(end, 1000))  # at most about a thousand positions to play through
+            return cls("s", int(np.ceil(end / tick - 1e-9)), tick)
+        return cls("step", max((p.last_step for p in players), default=0))
+
+    def step_of(self, player: TracePlayer, position: int) -> int:
+        if self.unit == "step":
+            return min(position, player.last_step)
+        started = np.searchsorted(player.progress.start_s, position * self.tick_s, side="right") - 1
+        return int(np.clip(started, 0, player.last_step))
+
+    def seconds(self, position: int) -> float:
+        return position * self.tick_s
+
+    def label(self, position: int) -> str:
+        if self.unit == "step":
+            return f"step {position} of {self.last}"
+        return f"{self.seconds(position):.{decimals(self.tick_s)}f} s of {self.seconds(self.last):.1f} s (simulated)"
+
+    def speed_label(self, positions_per_s: float) -> str:
+        if self.unit == "step":
+            return f"{positions_per_s:g} steps/s"
+        return f"{positions_per_s * self.tick_s:g} s per s"
+
+
+def decimals(tick: float) -> int:
+    return max(0, -int(np.floor(np.log10(tick)))) if tick < 1 else 0

@@ -15,8 +15,9 @@ import numpy as np
 from PIL import Image, ImageDraw, ImageFont
 
 from minillm.trace import Trace
-from viz.colors import FUTURE, STATE_RGB
-from viz.occupancy import occupancy_grid, occupancy_labels, seat_runs
+from viz.colors import EMPTY, FUTURE, STATE_RGB
+from viz.occupancy import seat_runs
+from viz.seats import SeatTable, seat_grids, seat_table
 
 LEFT, RIGHT, TOP, BOTTOM, GAP = 64, 12, 4, 24, 2  # margins and the white line between seats, in pixels
 
@@ -33,69 +34,106 @@ def png_bytes(image: np.ndarray | Image.Image) -> bytes:
     return buffer.getvalue()
 
 
-def nice_tick_step(n: int, max_ticks: int = 10) -> int:
-    """1, 2, 5, 10, 20, 50, ...: the first that puts at most `max_ticks` ticks on n steps."""
-    step = 1
-    while n / step > max_ticks:
-        lead = step // 10 ** (len(str(step)) - 1)
-        step = step * 5 // 2 if lead == 2 else step * 2
-    return step
+def nice_tick_step(n: float, max_ticks: int = 10) -> float:
+    """1, 2, 5, 10, 20, 50, ... (or 0.1, 0.2, 0.5, ... for spans in seconds): the first that puts at most
+    `max_ticks` ticks on a span of n."""
+    step = 10.0 ** np.floor(np.log10(max(n, 1e-9) / max_ticks))
+    for mantissa in (1, 2, 5, 10):
+        if n / (mantissa * step) <= max_ticks:
+            return int(mantissa * step) if mantissa * step >= 1 else float(mantissa * step)
+    return 10 * step
+
+
+def row_height(slots: int) -> int:
+    """Pixels per seat: 4 seats get 40 px rows; 256 seats get thin 1 px lines (the chart stays under 300 px)."""
+    return int(np.clip(280 // max(slots, 1), 1, 40))
 
 
 class OccupancyRaster:
-    """The occupancy chart of one trace, painted once for the whole run and then revealed step by step."""
+    """The occupancy chart of one trace, painted once for the whole run and then revealed step by step.
 
-    def __init__(self, trace: Trace, width: int = 1100, axis_steps: int | None = None):
-        """axis_steps: how many steps the x axis spans (default: this run's); share it to compare two runs."""
-        grid, labels = occupancy_grid(trace), occupancy_labels(trace)
-        self.slots, self.n = grid.shape
-        self.axis_steps = max(axis_steps or 0, self.n)
+    The x axis counts steps (the tiny model: every run advances a step at a time), or seconds
+    (a simulated card: a static step and a continuous one take different times, so two runs are
+    compared on one clock, and the gaps while the engine waits for the next arrival show empty).
+    """
+
+    def __init__(self, trace: Trace, width: int = 1100, axis_steps: int | None = None,
+                 axis_seconds: float | None = None, table: SeatTable | None = None):  # fmt: skip
+        """axis_steps / axis_seconds: what the x axis spans (default: this run's steps); share it to compare runs."""
+        states, requests = seat_grids(table or seat_table(trace))
+        self.slots, self.n = states.shape
         self.plot_w = width - LEFT - RIGHT
-        self.row_h = int(np.clip(260 // max(self.slots, 1), 14, 40))
-        self.font = font(min(15, self.row_h - 6))
-        self.runs = seat_runs(grid, labels)
-        # pixel column -> the step it shows (several steps share a pixel when the run is long)
-        step_of_px = np.arange(self.plot_w) * self.axis_steps // self.plot_w
-        self.px_of_step = np.searchsorted(step_of_px, np.arange(self.axis_steps + 1))  # first pixel of each step
-        padded = np.full((self.slots, self.axis_steps), FUTURE, dtype=grid.dtype)  # after the run ends: blank
-        padded[:, : self.n] = grid
-        rows = STATE_RGB[padded[:, step_of_px]]  # (slots, plot_w, 3)
+        self.row_h = row_height(self.slots)
+        gap = GAP if self.row_h >= 8 else 0
+        self.font = font(min(15, self.row_h - 6)) if self.row_h >= 12 else None  # no room for names below that
+        self.runs = seat_runs(states, requests) if self.font else []
+        px = np.arange(self.plot_w)
+        if axis_seconds is None:  # pixel -> the step it shows (several steps share a pixel when the run is long)
+            self.axis = max(axis_steps or 0, self.n)
+            step_of_px = px * self.axis // self.plot_w
+            edges = np.searchsorted(step_of_px, np.arange(self.axis + 1))  # first pixel of each step, and the end
+            self.left_px, self.right_px = edges[: self.n], edges[1 : self.n + 1]
+        else:  # pixel -> the step running at that moment, or none (the engine idle, waiting for an arrival)
+            end = np.array([s.time_s for s in trace.steps])
+            start = end - np.array([s.wall_s for s in trace.steps])
+            self.axis = max(axis_seconds, end[-1])
+            scale = self.plot_w / self.axis
+            moment = (px + 0.5) / scale
+            step_of_px = np.searchsorted(end, moment)  # the first step that ends at or after the moment
+            running = (step_of_px < self.n) & (moment >= start[np.minimum(step_of_px, self.n - 1)])
+            step_of_px = np.where(running, step_of_px, self.n)  # n: the blank column below
+            self.left_px = np.floor(start * scale).astype(int)
+            self.right_px = np.maximum(np.ceil(end * scale).astype(int), self.left_px + 1)
+        self.seconds = axis_seconds is not None
+        padded = np.full((self.slots, self.n + 1), FUTURE, dtype=states.dtype)  # column n: idle or after the end
+        padded[:, : self.n] = states
+        if self.seconds:
+            padded[:, self.n] = EMPTY
+        rows = STATE_RGB[padded[:, np.minimum(step_of_px, self.n)]]  # (slots, plot_w, 3)
         rows = np.repeat(rows, self.row_h, axis=0).reshape(self.slots, self.row_h, self.plot_w, 3)
-        rows[:, self.row_h - GAP :] = 255
+        if gap:
+            rows[:, self.row_h - gap :] = 255
         height = TOP + self.slots * self.row_h + BOTTOM
         canvas = np.full((height, width, 3), 255, dtype=np.uint8)
         self.plot_bottom = TOP + self.slots * self.row_h
         canvas[TOP : self.plot_bottom, LEFT : LEFT + self.plot_w] = rows.reshape(-1, self.plot_w, 3)
         self.full = canvas
-        self.axes = self._axes_image(height, width)
+        self.names = [r.id for r in trace.requests]
+        self.axes = self._axes_image(height, width, gap)
 
-    def _axes_image(self, height: int, width: int) -> np.ndarray:
-        """Seat names and step ticks: drawn once, pasted under every frame."""
+    def _axes_image(self, height: int, width: int, gap: int) -> np.ndarray:
+        """Seat names and ticks (steps or seconds): drawn once, pasted under every frame."""
         image = Image.new("RGB", (width, height), "white")
         draw = ImageDraw.Draw(image)
-        for seat in range(self.slots):
-            y = TOP + seat * self.row_h + (self.row_h - GAP) / 2
+        every = max(1, -(-14 // self.row_h))  # seat names at least 14 px apart
+        for seat in range(0, self.slots, every):
+            y = max(7, TOP + seat * self.row_h + (self.row_h - gap) / 2)  # (thin rows: keep the first name in)
             draw.text((LEFT - 6, y), f"seat {seat}", fill="#333333", font=font(12), anchor="rm")
-        tick = nice_tick_step(self.axis_steps)
-        for step in range(0, self.axis_steps, tick):
-            x = LEFT + self.px_of_step[step]
+        tick = nice_tick_step(self.axis) if self.seconds else max(1, int(nice_tick_step(self.axis)))
+        scale = self.plot_w / self.axis
+        for value in np.arange(0, self.axis, tick):
+            x = LEFT + int(round(value * scale)) if self.seconds else LEFT + int(np.ceil(value * scale))
+            label = f"{value:g} s" if self.seconds else str(int(value))
             draw.line([(x, self.plot_bottom), (x, self.plot_bottom + 4)], fill="#555555")
-            draw.text((x, self.plot_bottom + 5), str(step), fill="#333333", font=font(11), anchor="mt")
+            draw.text((x, self.plot_bottom + 5), label, fill="#333333", font=font(11), anchor="mt")
         return np.asarray(image).copy()
 
     def frame(self, upto: int) -> Image.Image:
-        """The chart with steps 0..upto filled in, a cursor at upto, and one label per visible run."""
+        """The chart with steps 0..upto filled in, a cursor at upto's end, and one label per visible run."""
         upto = int(np.clip(upto, 0, self.n - 1))
-        cut = LEFT + self.px_of_step[upto + 1]
+        cut = LEFT + min(int(self.right_px[upto]), self.plot_w)
         image = self.axes.copy()
         image[TOP : self.plot_bottom, LEFT:cut] = self.full[TOP : self.plot_bottom, LEFT:cut]
         image[TOP : self.plot_bottom, max(LEFT, cut - 1) : cut + 1] = 0  # the "now" cursor
         picture = Image.fromarray(image)
+        if not self.runs:
+            return picture
         draw = ImageDraw.Draw(picture)
-        for seat, first, last, rid, held in self.runs:
+        for seat, first, last, index, held in self.runs:
             if first > upto:
                 continue
-            x0, x1 = LEFT + self.px_of_step[first], LEFT + self.px_of_step[min(last, upto) + 1]
+            x0, x1 = LEFT + self.left_px[first], LEFT + self.right_px[min(last, upto)]
+            rid = self.names[index]
             options = [f"{rid} done, seat held", rid] if held else [rid]
             text = next((t for t in options if draw.textlength(t, font=self.font) + 6 <= x1 - x0), None)
             if text:

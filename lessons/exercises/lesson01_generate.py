@@ -1,19 +1,28 @@
-"""Lesson 01 exercise: the decode loop. Check your work: pytest -m lesson01"""
+"""Lesson 01 exercise: one decode loop for several users at once. Check your work: pytest -m lesson01"""
 
 from __future__ import annotations
 
 import torch
 
 from minillm.model import Transformer
+from minillm.tokenizer import EOS, PAD  # noqa: F401 (you will need them)
 
 
 @torch.no_grad()
-def generate_greedy(model: Transformer, prompt_ids: list[int], max_new_tokens: int) -> list[int]:
-    """Greedy generation with no cache: the plain loop every faster path must match.
+def generate_batch(model: Transformer, prompts: list[list[int]], max_new_tokens: int) -> list[list[int]]:
+    """Greedy replies to several prompts, computed together: ONE model call per step for every unfinished row.
 
-    Each step: run `model` on the whole sequence so far (a (1, T) long tensor; the model
-    returns logits (1, T, vocab)), take the argmax of the LAST position's logits, and
-    append it. Stop when the new token is EOS (do not include it; `from minillm.tokenizer import EOS`)
-    or after max_new_tokens tokens. Return the new tokens only (not the prompt).
+    No KV cache: each step runs the model on the whole sequences so far, as in the lesson's loop, but for
+    all rows at once. A batch is a rectangle (B, T) and the prompts have different lengths, so:
+      - pad each row on the RIGHT with PAD up to the longest row (build a fresh rectangle every step);
+      - row b's next-token scores are at its last REAL token, index len(row b) - 1 (not -1);
+      - each row stops on its own: when it produces EOS (not part of its reply) or has max_new_tokens
+        tokens. A finished row takes no more tokens; the others carry on.
+    Stop calling the model as soon as every row has finished.
+
+    model(tokens) takes a (B, T) long tensor and returns logits (B, T, vocab).
+    Returns one reply per prompt (the new tokens only, without EOS), in the order of `prompts`.
     """
-    raise NotImplementedError("lesson 01: write the decode loop (run the model, argmax, append, stop at EOS)")
+    raise NotImplementedError(
+        "lesson 01: write the batched greedy loop (pad, read each row's last token, stop per row)"
+    )

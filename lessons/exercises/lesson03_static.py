@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from minillm.request import Request
-from minillm.scheduler import KVSpace, Plan
+from minillm.scheduler import KVSpace, Plan  # only these two: the policy is yours to write
 
 
 class MyStaticScheduler:
@@ -19,8 +19,9 @@ class MyStaticScheduler:
 
     Rules: while any seat holds an unfinished request, admit nobody. When none does, admit
     requests from the head of the queue, in order, until the seats run out or the next one's
-    prompt does not fit in the free blocks. (Preemption is the engine's last resort; you
-    may ignore it here.)
+    prompt does not fit in the blocks still free (kv.free_blocks, less the blocks of the requests
+    you already admitted this step). A request that does not fit stops the admissions: nobody
+    behind it may board ahead of it. (Preemption is the engine's last resort; you may ignore it here.)
     """
 
     name = "my-static"

@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from minillm.request import Request
-from minillm.scheduler import KVSpace, Plan
+from minillm.scheduler import KVSpace, Plan  # only these two: the policy is yours to write
 
 
 class MyContinuousScheduler:
@@ -13,10 +13,10 @@ class MyContinuousScheduler:
     Finished requests have already left their seats (seats[i] is None).
 
     Rules:
-    1. Room to decode: every running request (r.seat is its seat) will add one token this step,
-       which may need a new block: kv.blocks_to_grow(r.seat). If the total exceeds
-       kv.free_blocks, preempt the most recently admitted running request (largest
-       r.admit_order), which frees kv.blocks_held(r.seat) blocks; repeat until it fits.
+    1. Room to grow: every running request (r.seat is its seat) will add one token this step,
+       which may need a new block: kv.blocks_to_grow(r.seat). While the total exceeds the free
+       blocks, preempt the most recently admitted running request (largest r.admit_order): it frees
+       kv.blocks_held(r.seat) blocks and no longer needs to grow. One step may need several victims.
     2. Admit: first come, first served, from the head of the queue, while there is a free seat
        (a None seat, or one you just preempted) and the request's prompt fits in the blocks
        left after step 1: kv.blocks_to_admit(r.tokens_in_cache_after_prefill). Stop at the

@@ -1,7 +1,10 @@
 """Shared helpers for the lesson checks: which code is under test, small models, a crowd, a referee.
 
 Every lesson test takes the implementation under test as an argument (ARENA style), so the same
-check runs on the reference (the code in minillm/) and on yours (lessons/exercises/).
+check runs on the reference and on yours (lessons/exercises/). Testing the reference never imports
+your files, so a half-written exercise cannot break the reference's checks. `pytest -m lessonNN` runs
+the checks on your code; the full suite also runs them on the reference and against the wrong versions
+each test file lists (marker lesson_checks).
 
 MINILLM_EXERCISES=<module prefix> points "student" at another package with the same file names,
 e.g. `PYTHONPATH=/tmp/sol MINILLM_EXERCISES=solutions pytest -m lesson03` checks /tmp/sol/solutions/.
@@ -10,15 +13,20 @@ The default is `lessons.exercises`.
 
 from __future__ import annotations
 
+import ast
 import functools
 import importlib
+import inspect
 import os
+import textwrap
+import traceback
 from dataclasses import dataclass
+from pathlib import Path
 
-import torch
+import pytest
 
 from minillm.blocks import BlockPoolExhausted
-from minillm.config import EngineConfig, ModelConfig
+from minillm.config import EngineConfig
 from minillm.engine import Engine, EngineError
 from minillm.generate import generate
 from minillm.model import Transformer
@@ -26,17 +34,104 @@ from minillm.request import Request
 from minillm.scheduler import Plan
 
 EXERCISES = os.environ.get("MINILLM_EXERCISES", "lessons.exercises")
-IMPLS = ["reference", "student"]  # the ids every lesson test is parametrized with
+CHECKS = pytest.mark.lesson_checks  # the checks themselves: on the reference, and against known wrong versions
+
+
+def implementations(lesson_mark) -> list:
+    """The two implementations every check runs on, as fixture params: the reference (its run is marked
+    lesson_checks: the full suite runs it) and yours (marked lessonNN: `pytest -m lessonNN` runs only yours,
+    so a student's run stays fast; `pytest tests/lessons/test_lessonNN.py` runs both)."""
+    return [pytest.param("reference", marks=CHECKS), pytest.param("student", marks=lesson_mark)]
 
 
 def student_module(name: str):
-    """Your exercise module, e.g. student_module("lesson01_generate")."""
-    return importlib.import_module(f"{EXERCISES}.{name}")
+    """Your exercise module, e.g. student_module("lesson01_generate"); a file that does not import fails clearly."""
+    try:
+        return importlib.import_module(f"{EXERCISES}.{name}")
+    except Exception as e:  # a syntax error, a typo in an import: say where, not a 40-line traceback
+        where = f" (line {e.lineno})" if isinstance(e, SyntaxError) else ""
+        pytest.fail(f"your {EXERCISES.replace('.', '/')}/{name}.py does not import{where}: {e!r}", pytrace=False)
 
 
 def stub(*args, **kwargs):
     """What an exercise looks like before you write it."""
     raise NotImplementedError("stub")
+
+
+# --- not attempted, or partly done? ------------------------------------------------------------
+@dataclass
+class Unwritten:
+    """Where your code raised NotImplementedError."""
+
+    state: str  # "not attempted": the stub as given; "partly done": a function you started still raises
+    name: str  # e.g. "MyContinuousScheduler.schedule"
+    file: str
+    line: int
+    message: str
+
+    def describe(self) -> str:
+        return (
+            f"{self.name} ({self.file}, line {self.line}) still raises NotImplementedError({self.message!r}); "
+            "this check needs that part"
+        )
+
+
+def exercises_dir() -> Path | None:
+    spec = importlib.util.find_spec(EXERCISES)
+    if spec is None or not spec.submodule_search_locations:
+        return None
+    return Path(next(iter(spec.submodule_search_locations))).resolve()
+
+
+def unwritten_part(error: NotImplementedError) -> Unwritten | None:
+    """The exercise function that raised `error`, and whether it is still the untouched stub; None when the
+    error did not come from your exercise files."""
+    folder, raised_at = exercises_dir(), None
+    for frame, line in traceback.walk_tb(error.__traceback__):
+        if folder is not None and Path(frame.f_code.co_filename).resolve().parent == folder:
+            raised_at = frame, line  # the deepest frame in your files
+    if raised_at is None:
+        return None
+    frame, line = raised_at
+    state = "not attempted" if is_untouched_stub(frame.f_code, line) else "partly done"
+    file = f"{EXERCISES.replace('.', '/')}/{Path(frame.f_code.co_filename).name}"
+    return Unwritten(state, frame.f_code.co_qualname, file, line, str(error))
+
+
+def is_untouched_stub(code, line: int) -> bool:
+    """True when the function's first statement (after its docstring) is the raise at `line`."""
+    try:
+        lines, first = inspect.getsourcelines(code)
+        function = ast.parse(textwrap.dedent("".join(lines))).body[0]
+    except (OSError, SyntaxError, IndexError):
+        return False
+    body = list(getattr(function, "body", []))
+    if body and isinstance(body[0], ast.Expr) and isinstance(getattr(body[0], "value", None), ast.Constant):
+        body = body[1:]  # the docstring
+    return bool(body) and isinstance(body[0], ast.Raise) and body[0].lineno + first - 1 == line
+
+
+def assert_writes_its_own_policy(module, class_name: str, allowed=("Plan", "KVSpace")) -> None:
+    """Your scheduler's file may take Plan and KVSpace from minillm.scheduler, nothing else: the reference's
+    policies and helpers are the answer, not a building block."""
+    path = Path(module.__file__)
+    cls = getattr(module, class_name, None)
+    assert cls is not None, f"{path.name} defines no {class_name}"
+    origin = getattr(cls, "__module__", "")
+    assert not origin.startswith("minillm"), f"{path.name}: {class_name} is {origin}'s; write the policy yourself"
+    for node in ast.walk(ast.parse(path.read_text())):
+        if isinstance(node, ast.ImportFrom) and node.module == "minillm.scheduler":
+            taken = [alias.name for alias in node.names if alias.name not in allowed]
+        elif isinstance(node, ast.ImportFrom) and node.module == "minillm":
+            taken = ["minillm.scheduler" for alias in node.names if alias.name == "scheduler"]
+        elif isinstance(node, ast.Import):
+            taken = [alias.name for alias in node.names if alias.name.startswith("minillm.scheduler")]
+        else:
+            continue
+        assert not taken, (
+            f"{path.name}, line {node.lineno}: you import {', '.join(taken)} from minillm.scheduler; "
+            f"write the policy yourself (only {' and '.join(allowed)} may come from there)"
+        )
 
 
 # --- models ----------------------------------------------------------------------------------
@@ -53,14 +148,6 @@ def shipped_model() -> Transformer:
     from minillm.checkpoint import load_model
 
     return load_model(device="cpu")
-
-
-@functools.cache
-def long_tiny_model() -> Transformer:
-    """A random one-layer model with a 1024-token context: the seed story's 500-token replies fit."""
-    torch.manual_seed(0)
-    cfg = ModelConfig(dim=32, n_layers=1, n_heads=2, n_kv_heads=1, ffn_dim=64, max_seq_len=1024)
-    return Transformer(cfg).eval()
 
 
 # --- a crowd served by the real engine ---------------------------------------------------------
@@ -101,18 +188,19 @@ def serve(model, scheduler, requests, max_steps: int = 2000, **cfg) -> Engine:
     return engine
 
 
-def assert_served_everyone(engine: Engine, requests: list[Request]) -> None:
+def assert_served_everyone(engine: Engine, requests: list[Request], blame: str = "your policy") -> None:
     """Nothing lost: every request finished with its full reply, token-exact, and all KV memory is free."""
     stuck = [r.id for r in requests if r.finish_reason != "length"]
     assert not stuck, (
         f"after {engine.step_no} steps these requests never finished: {stuck} "
-        f"(still waiting: {[r.id for r in engine.waiting]}); does your policy admit whenever it may?"
+        f"(still waiting: {[r.id for r in engine.waiting]}); does {blame} admit whenever it may?"
     )
     for r in requests:
         expected = expected_reply(engine.model, tuple(r.prompt_ids), r.max_new_tokens, r.ignore_eos)
-        assert r.output_ids == expected, f"{r.id}: its reply differs from the plain no-cache loop's"
+        assert r.output_ids == expected, (
+            f"{r.id}: its reply differs from the plain no-cache loop's: {first_difference(expected, r.output_ids)}"
+        )
     assert engine.cache.free_blocks == engine.cache.num_blocks, "KV blocks are still held after the run"
-    assert engine.cache.stored_tokens == 0, "the KV cache still stores tokens after the run"
 
 
 # --- a referee: checks each scheduling decision at the moment it is made -----------------------
@@ -147,6 +235,9 @@ class Referee:
         self.name, self.holds_finished_seats = scheduler.name, scheduler.holds_finished_seats
         self.decisions: list[Decision] = []
 
+    def __getattr__(self, name):  # anything else the engine asks (e.g. a token budget) is the scheduler's
+        return getattr(self.inner, name)
+
     def schedule(self, waiting, seats, kv) -> Plan:
         running = sorted((r for r in seats if r is not None and not r.is_finished), key=lambda r: r.admit_order)
         held_seats = sum(1 for r in seats if r is not None and r.is_finished) if self.holds_finished_seats else 0
@@ -180,36 +271,64 @@ def fcfs(decision: Decision, free_seats: int, free_blocks: int) -> list[str]:
     return admitted
 
 
-def assert_admitted_the_head_of_the_queue(d: Decision, free_seats: int, free_blocks: int) -> None:
-    """Shared by both policies: admit from the head, in order, while seats and blocks last; nobody jumps ahead."""
+def blocks(n: int) -> str:
+    return f"{n} block" if n == 1 else f"{n} blocks"
+
+
+def assert_admitted_the_head_of_the_queue(d: Decision, free_seats: int, free_blocks: int, victims=()) -> None:
+    """Shared by both policies: admit from the head, in order, while seats and blocks last; nobody jumps ahead.
+    free_seats and free_blocks: what newcomers may use, after this step's victims and the running requests' growth."""
     expected = fcfs(d, free_seats, free_blocks)
     if d.admit == expected:
         return
-    assert d.admit == d.waiting[: len(d.admit)], (
-        f"{d.where()}: you admitted {d.admit}, but admission is first come, first served: "
-        f"take requests from the head of the queue, in order (nobody jumps the queue)"
-    )
-    after = " (after this step's preemptions and the running requests' growth)" if d.running else ""
+    once = [f"{', '.join(victims)} gave back {'its' if len(victims) == 1 else 'their'} blocks"] if victims else []
+    once += ["the running requests have grown"] if d.running else []
+    pool = f"{blocks(free_blocks)} free for newcomers" + (f" once {' and '.join(once)}" if once else "")
+    strangers = [rid for rid in d.admit if rid not in d.waiting]
+    assert not strangers, f"{d.where()}: you admitted {strangers}, who are not in the queue: admit from `waiting` only"
+    assert len(set(d.admit)) == len(d.admit), f"{d.where()}: you admitted {d.admit}: somebody twice"
+    if sorted(d.admit) == sorted(d.waiting[: len(d.admit)]) and d.admit != d.waiting[: len(d.admit)]:
+        raise AssertionError(f"{d.where()}: you admitted {d.admit}: admit them in queue order, {expected}")
+    if d.admit != d.waiting[: len(d.admit)]:
+        skipped = next(rid for rid in d.waiting if rid not in d.admit)
+        jumper = next(rid for rid in d.admit if d.waiting.index(rid) > d.waiting.index(skipped))
+        ahead = [r for r in expected if d.waiting.index(r) < d.waiting.index(skipped)]
+        left = free_blocks - sum(d.cost[r] for r in ahead)
+        room = f"{left} left after {ahead} ({pool})" if ahead else pool
+        why = (
+            f"{skipped} needs {blocks(d.cost[skipped])}, with {room}, so it waits, and everybody behind it waits too"
+            if skipped not in expected
+            else f"{skipped} came first and fits"
+        )
+        raise AssertionError(
+            f"{d.where()}: you admitted {d.admit}, so {jumper} jumped ahead of {skipped}. Admission is first come, "
+            f"first served: take requests from the head of the queue, in order; {why}. Expected {expected}"
+        )
     if len(d.admit) > len(expected):
         extra = d.admit[len(expected)]
         seats_left, left = free_seats - len(expected), free_blocks - sum(d.cost[r] for r in expected)
-        why = "no seat is left" if seats_left == 0 else f"its prefill needs {d.cost[extra]} block(s), {left} are left"
+        if seats_left == 0:
+            why = "no seat is left"
+        elif expected:
+            given = sum(d.cost[r] for r in expected)
+            why = f"its prefill needs {blocks(d.cost[extra])} and {left} are left: {pool}, less {given} for {expected}"
+        else:
+            why = f"its prefill needs {blocks(d.cost[extra])}, with {pool}"
         raise AssertionError(
-            f"{d.where()}: you admitted {d.admit}, but {extra} does not fit: {why}{after}; expected {expected}"
+            f"{d.where()}: you admitted {d.admit}, but {extra} does not fit: {why}. Expected {expected}"
         )
     missed = expected[len(d.admit)]
     raise AssertionError(
         f"{d.where()}: you admitted {d.admit}, but {missed} was next in the queue and fits: "
-        f"{free_seats} seat(s) and {free_blocks} KV block(s) were free for newcomers{after}; expected {expected}. "
-        "No seat may idle while the head of the queue fits"
+        f"{free_seats} free seat(s) and {pool}. Expected {expected}: no seat may idle while the head of the queue fits"
     )
 
 
 def first_difference(expected: list, got: list) -> str:
-    """'at step 3: expected 52, got 10' for the first position where two token lists differ."""
+    """'first difference at token 3: expected 52, got 10' for the first position where two token lists differ."""
     for i, (e, g) in enumerate(zip(expected, got)):
         if e != g:
-            return f"first difference at step {i}: expected token {e}, got {g}"
+            return f"first difference at token {i}: expected {e}, got {g}"
     if len(expected) != len(got):
         return f"expected {len(expected)} tokens, got {len(got)} (the first {min(len(expected), len(got))} agree)"
     return "no difference"
@@ -217,9 +336,10 @@ def first_difference(expected: list, got: list) -> str:
 
 def run_seed_story(scheduler, judge, steps: int = 500) -> dict[str, Request]:
     """The lessons' eight users on four seats (fixed reply lengths), for `steps` steps: enough to see H join."""
+    from lessons.fairness import stand_in_model
     from minillm.workload import SEED_STORY_SLOTS, seed_story
 
-    model = long_tiny_model()  # any model works: ignore_eos fixes every reply's length
+    model = stand_in_model(1024)  # no computation: ignore_eos fixes every reply's length, so any model works
     requests = seed_story()
     engine = Engine(model, Referee(scheduler, judge), EngineConfig(slots=SEED_STORY_SLOTS, max_len=1024))
     for r in requests:

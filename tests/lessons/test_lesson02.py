@@ -13,9 +13,9 @@ import pytest
 import torch
 
 from minillm.attention import attend, reference_attention, visible_mask
-from tests.lessons.harness import IMPLS, small_model, stub, student_module
+from tests.lessons.harness import CHECKS, implementations, small_model, stub, student_module
 
-pytestmark = pytest.mark.lesson02
+lesson = pytest.mark.lesson02  # your code's checks: pytest -m lesson02
 
 
 def reference_append(cached, new):
@@ -26,7 +26,7 @@ def reference_cached_attention(q, k, v, q_positions):
     return attend(q, k, v, visible_mask(q_positions, k.shape[1]))
 
 
-@pytest.fixture(params=IMPLS)
+@pytest.fixture(params=implementations(lesson))
 def kv(request):
     if request.param == "reference":
         return SimpleNamespace(append=reference_append, attention=reference_cached_attention)
@@ -111,14 +111,30 @@ def check_attention(attention) -> None:
             )
 
 
+class OneSequenceCache:
+    """The exercise file's SimpleKVCache, copied here so that checking the reference never imports your file."""
+
+    def __init__(self, n_layers: int, append, attention):
+        self.k, self.v, self.length = [None] * n_layers, [None] * n_layers, 0
+        self.append, self.attention = append, attention
+
+    def prepare(self, seats: list[int], num_new: int) -> torch.Tensor:
+        self.positions = torch.arange(self.length, self.length + num_new)[None]  # (1, T)
+        self.length += num_new
+        return self.positions
+
+    def attend(self, layer: int, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> torch.Tensor:
+        self.k[layer] = self.append(self.k[layer], k)
+        self.v[layer] = self.append(self.v[layer], v)
+        return self.attention(q, self.k[layer], self.v[layer], self.positions.to(q.device))
+
+
 def check_in_the_model(append, attention, steps: int = 5) -> None:
     """Prefill a prompt, extend it by two given tokens, then decode token by token through the cache;
     at every step compare the logits with the model's without a cache."""
-    from lessons.exercises.lesson02_kv_cache import SimpleKVCache
-
     for name in ("mha", "gqa", "mqa"):
         model = small_model(name)
-        cache = SimpleKVCache(model.cfg.n_layers, append=append, attention=attention)
+        cache = OneSequenceCache(model.cfg.n_layers, append=append, attention=attention)
         sequence = torch.tensor([[257, 5, 6, 7, 8, 9, 10]])  # (1, T)
         feeds = [("prefill of 7 tokens", sequence), ("2 more tokens at once", torch.tensor([[11, 12]]))]
         feeds += [(f"decode step {i + 1}", None) for i in range(steps)]  # None: the greedy token
@@ -159,6 +175,7 @@ def test_the_model_with_your_cache_equals_the_model_without(kv):
 
 
 # --- the checks catch plausible mistakes --------------------------------------------------------
+@CHECKS
 def test_a_correct_version_passes():
     check_all(SimpleNamespace(append=reference_append, attention=make_attention()))
 
@@ -178,12 +195,14 @@ WRONG = {
 }
 
 
+@CHECKS
 @pytest.mark.parametrize("wrong", WRONG.values(), ids=WRONG.keys())
 def test_the_checks_catch_a_wrong_cache(wrong):
     with pytest.raises(AssertionError):
         check_all(wrong)
 
 
+@CHECKS
 @pytest.mark.parametrize("wrong", WRONG.values(), ids=WRONG.keys())
 def test_a_wrong_cache_changes_what_the_model_says(wrong):
     """Not just the unit checks: each mistake also shows in the real model's logits (GQA included)."""
@@ -191,6 +210,7 @@ def test_a_wrong_cache_changes_what_the_model_says(wrong):
         check_in_the_model(wrong.append, wrong.attention)
 
 
+@CHECKS
 def test_the_stub_is_rejected():
     with pytest.raises(NotImplementedError):
         check_all(SimpleNamespace(append=stub, attention=stub))

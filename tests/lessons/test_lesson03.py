@@ -12,27 +12,31 @@ import pytest
 from minillm.request import Request
 from minillm.scheduler import KVSpace, Plan, StaticScheduler
 from tests.lessons.harness import (
-    IMPLS,
+    CHECKS,
     Decision,
     Referee,
     assert_admitted_at,
     assert_admitted_the_head_of_the_queue,
     assert_served_everyone,
+    assert_writes_its_own_policy,
     crowd,
+    implementations,
     run_seed_story,
     serve,
     small_model,
     student_module,
 )
 
-pytestmark = pytest.mark.lesson03
+lesson = pytest.mark.lesson03  # your code's checks: pytest -m lesson03
 
 
-@pytest.fixture(params=IMPLS)
+@pytest.fixture(params=implementations(lesson))
 def scheduler_cls(request):
     if request.param == "reference":
         return StaticScheduler
-    return student_module("lesson03_static").MyStaticScheduler
+    module = student_module("lesson03_static")
+    assert_writes_its_own_policy(module, "MyStaticScheduler")
+    return module.MyStaticScheduler
 
 
 # --- the checks --------------------------------------------------------------------------------
@@ -55,6 +59,28 @@ def check_crowd(scheduler_cls, kv: str) -> None:
     assert_served_everyone(engine, requests)
 
 
+def memory_crowd() -> list[Request]:
+    """Four seats, but a pool of 12 blocks of 4 tokens: memory, not seats, decides who boards.
+
+    The first batch: q0 and q1 (4 blocks each) fit; q2 (5 blocks) does not fit in the 4 left, so it and
+    everyone behind it waits, although q3 (2 blocks) would fit. The second batch: q2, q3, q4 (10 blocks).
+    Replies are short enough that every batch first come, first served forms can finish without
+    running out of blocks (no preemption needed)."""
+    shape = [(14, 3), (14, 3), (18, 3), (6, 6), (10, 2), (9, 4), (30, 2), (5, 5)]  # (prompt tokens, reply)
+    return [
+        Request(f"q{i}", [257] + [(7 * i + j) % 256 for j in range(n - 1)], reply, ignore_eos=True)
+        for i, (n, reply) in enumerate(shape)
+    ]
+
+
+def check_memory(scheduler_cls) -> None:
+    """Admission limited by KV blocks: first come, first served, counting each admission's blocks."""
+    requests = memory_crowd()
+    referee = Referee(scheduler_cls(), judge_static)
+    engine = serve(small_model("gqa"), referee, requests, slots=4, kv="paged", block_size=4, num_blocks=12)
+    assert_served_everyone(engine, requests)
+
+
 def check_seed_story(scheduler_cls) -> None:
     story = run_seed_story(scheduler_cls(), judge_static)
     first = "the first batch: four users, four free seats"
@@ -66,12 +92,17 @@ def check_seed_story(scheduler_cls) -> None:
 def check_all(scheduler_cls) -> None:
     check_crowd(scheduler_cls, "contiguous")
     check_crowd(scheduler_cls, "paged")
+    check_memory(scheduler_cls)
     check_seed_story(scheduler_cls)
 
 
 @pytest.mark.parametrize("kv", ["contiguous", "paged"])
 def test_a_crowd_is_served_exactly_and_nobody_joins_a_running_batch(scheduler_cls, kv):
     check_crowd(scheduler_cls, kv)
+
+
+def test_when_memory_is_short_the_head_of_the_queue_boards_first(scheduler_cls):
+    check_memory(scheduler_cls)
 
 
 def test_the_seed_story_makes_everyone_wait_for_B(scheduler_cls):
@@ -85,9 +116,9 @@ class Static:
     name = "static-variant"
     holds_finished_seats = True
 
-    def __init__(self, joins_running_batch=False, batch_size=None, shortest_first=False, needs_empty_seats=False):
-        self.joins, self.batch_size = joins_running_batch, batch_size
-        self.shortest_first, self.needs_empty_seats = shortest_first, needs_empty_seats
+    def __init__(self, joins=False, batch_size=None, shortest_first=False, needs_empty_seats=False, kv="counted"):
+        self.joins, self.batch_size, self.shortest_first = joins, batch_size, shortest_first
+        self.needs_empty_seats, self.kv = needs_empty_seats, kv
 
     def schedule(self, waiting: list[Request], seats: list[Request | None], kv: KVSpace) -> Plan:
         busy = [r for r in seats if r is not None and (self.needs_empty_seats or not r.is_finished)]
@@ -95,32 +126,58 @@ class Static:
             return Plan()
         queue = sorted(waiting, key=lambda r: r.max_new_tokens) if self.shortest_first else waiting
         admit, free = [], kv.free_blocks
-        for r in queue[: self.batch_size or len(seats) - len(busy)]:
-            if kv.blocks_to_admit(r.tokens_in_cache_after_prefill) > free:
+        for r in queue:
+            if len(admit) == (self.batch_size or len(seats) - len(busy)):
+                break
+            cost = kv.blocks_to_admit(r.tokens_in_cache_after_prefill)
+            if cost > free and self.kv != "ignored":
+                if self.kv == "skips-the-head":
+                    continue  # a smaller request behind it boards first (wrong)
                 break
             admit.append(r)
-            free -= kv.blocks_to_admit(r.tokens_in_cache_after_prefill)
+            if self.kv != "never-subtracted":
+                free -= cost
         return Plan(admit=admit)
 
 
 WRONG = {
-    "joins-a-running-batch": dict(joins_running_batch=True),
+    "joins-a-running-batch": dict(joins=True),
     "one-at-a-time": dict(batch_size=1),
     "shortest-first": dict(shortest_first=True),
     "treats-finished-seats-as-busy": dict(needs_empty_seats=True),
+    "ignores-kv-blocks": dict(kv="ignored"),
+    "smaller-jumps-a-head-that-does-not-fit": dict(kv="skips-the-head"),
+    "never-subtracts-earlier-admissions": dict(kv="never-subtracted"),
 }
 
 
+@CHECKS
 def test_a_correct_version_passes():
     check_all(Static)
 
 
+@CHECKS
+def test_the_memory_crowd_is_limited_by_memory():
+    """The scenario does what its docstring says: seats are free while the head waits for blocks, and the
+    reference never needs to preempt."""
+    referee = Referee(StaticScheduler(), judge_static)
+    engine = serve(small_model("gqa"), referee, memory_crowd(), slots=4, kv="paged", block_size=4, num_blocks=12)
+    first = referee.decisions[0]
+    assert first.admit == ["q0", "q1"]
+    left = first.free_blocks - first.cost["q0"] - first.cost["q1"]
+    assert first.cost["q2"] > left >= first.cost["q3"], "q2 must not fit after q0 and q1, and q3 must"
+    assert not any(d.preempt for d in referee.decisions)
+    assert all(r.preemptions == 0 for r in engine.requests)
+
+
+@CHECKS
 @pytest.mark.parametrize("mistake", WRONG.values(), ids=WRONG.keys())
 def test_the_checks_catch_a_wrong_static_policy(mistake):
     with pytest.raises(AssertionError):
         check_all(lambda: Static(**mistake))
 
 
+@CHECKS
 def test_the_stub_is_rejected():
     class Stub:
         name, holds_finished_seats = "stub", True

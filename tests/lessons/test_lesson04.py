@@ -7,32 +7,40 @@ seats go to the head of the queue, in order, while the prompts fit; no seat idle
 
 from __future__ import annotations
 
+import importlib
+import sys
+
 import pytest
 
 from minillm.request import Request
 from minillm.scheduler import ContinuousScheduler, KVSpace, Plan
 from tests.lessons.harness import (
-    IMPLS,
+    CHECKS,
     Decision,
     Referee,
     assert_admitted_at,
     assert_admitted_the_head_of_the_queue,
     assert_served_everyone,
+    assert_writes_its_own_policy,
+    blocks,
     crowd,
+    implementations,
     run_seed_story,
     serve,
     small_model,
     student_module,
 )
 
-pytestmark = pytest.mark.lesson04
+lesson = pytest.mark.lesson04  # your code's checks: pytest -m lesson04
 
 
-@pytest.fixture(params=IMPLS)
+@pytest.fixture(params=implementations(lesson))
 def scheduler_cls(request):
     if request.param == "reference":
         return ContinuousScheduler
-    return student_module("lesson04_continuous").MyContinuousScheduler
+    module = student_module("lesson04_continuous")
+    assert_writes_its_own_policy(module, "MyContinuousScheduler")
+    return module.MyContinuousScheduler
 
 
 # --- the checks --------------------------------------------------------------------------------
@@ -45,15 +53,15 @@ def judge_continuous(d: Decision) -> None:
     need = sum(d.grow[r] for r in d.running)
     if sorted(d.preempt) != sorted(victims):
         if not victims:
-            why = f"the running requests need {need} new block(s) to grow and {d.free_blocks} are free: preempt nobody"
+            why = f"the running requests need {blocks(need)} to grow and {d.free_blocks} are free: preempt nobody"
         else:
             why = (
-                f"the running requests need {need} new block(s) to grow but only {d.free_blocks} are free: preempt "
+                f"the running requests need {blocks(need)} to grow but only {d.free_blocks} are free: preempt "
                 f"the most recently admitted first, and only until the rest fit; expected {victims}"
             )
         raise AssertionError(f"{d.where()}: you preempted {d.preempt}; {why}")
     free -= sum(d.grow[r] for r in keep)
-    assert_admitted_the_head_of_the_queue(d, d.free_seats + len(victims), free)
+    assert_admitted_the_head_of_the_queue(d, d.free_seats + len(victims), free, victims)
 
 
 def check_crowd(scheduler_cls, kv: str) -> None:
@@ -69,12 +77,29 @@ def check_preemption(scheduler_cls) -> None:
     """A paged pool too small for everyone: requests must be preempted, and still come out token-exact."""
     requests = crowd(12, seed=1)
     referee = Referee(scheduler_cls(), judge_continuous)
-    engine = serve(small_model("mqa"), referee, requests, slots=4, kv="paged", block_size=4, num_blocks=14)
+    engine = serve(small_model("gqa"), referee, requests, slots=4, kv="paged", block_size=4, num_blocks=14)
     assert_served_everyone(engine, requests)
     assert sum(r.preemptions for r in requests) > 0, (
         "a pool of 14 blocks is too small for this crowd without preemption"
     )
-    engine.cache.allocator.check()
+
+
+def two_victims() -> list[Request]:
+    """Three requests holding 3, 2 and 1 blocks of 4 tokens fill a pool of 6; at step 1 each needs a new
+    block. Preempting the newest (1 block) leaves 1 free for 2 needs: the next newest must go too."""
+    shape = [(12, 6), (8, 5), (4, 7)]  # (prompt tokens, reply tokens)
+    return [
+        Request(f"v{i}", [257] + [(5 * i + j) % 256 for j in range(n - 1)], reply, ignore_eos=True)
+        for i, (n, reply) in enumerate(shape)
+    ]
+
+
+def check_two_victims(scheduler_cls) -> Referee:
+    requests = two_victims()
+    referee = Referee(scheduler_cls(), judge_continuous)
+    engine = serve(small_model("gqa"), referee, requests, slots=3, kv="paged", block_size=4, num_blocks=6)
+    assert_served_everyone(engine, requests)
+    return referee
 
 
 def check_seed_story(scheduler_cls) -> None:
@@ -89,6 +114,7 @@ def check_all(scheduler_cls) -> None:
     check_crowd(scheduler_cls, "contiguous")
     check_crowd(scheduler_cls, "paged")
     check_preemption(scheduler_cls)
+    check_two_victims(scheduler_cls)
     check_seed_story(scheduler_cls)
 
 
@@ -99,6 +125,10 @@ def test_a_crowd_is_served_exactly_and_no_seat_idles(scheduler_cls, kv):
 
 def test_a_tiny_pool_preempts_the_newest_and_stays_exact(scheduler_cls):
     check_preemption(scheduler_cls)
+
+
+def test_one_step_can_need_two_victims(scheduler_cls):
+    check_two_victims(scheduler_cls)
 
 
 def test_the_seed_story_fills_each_seat_the_step_after_it_frees(scheduler_cls):
@@ -112,13 +142,17 @@ class Continuous:
     name = "continuous-variant"
     holds_finished_seats = False
 
-    def __init__(self, victim=-1, preempts=True, counts_growth=True, jumps_queue=False, per_step=None, waits=False):
+    def __init__(
+        self, victim=-1, preempts=True, counts_growth=True, jumps_queue=False, per_step=None, waits=False, victims=None
+    ):
         self.victim, self.preempts, self.counts_growth = victim, preempts, counts_growth
-        self.jumps_queue, self.per_step, self.waits = jumps_queue, per_step, waits
+        self.jumps_queue, self.per_step, self.waits, self.max_victims = jumps_queue, per_step, waits, victims
 
     def schedule(self, waiting: list[Request], seats: list[Request | None], kv: KVSpace) -> Plan:
         keep, victims, free = sorted((r for r in seats if r), key=lambda r: r.admit_order), [], kv.free_blocks
         while self.preempts and keep and sum(kv.blocks_to_grow(r.seat) for r in keep) > free:
+            if self.max_victims is not None and len(victims) == self.max_victims:
+                break  # one victim per step, as if the next step could fix the rest (wrong)
             victims.append(keep.pop(self.victim))  # -1: the newest; 0: the oldest (wrong)
             free += kv.blocks_held(victims[-1].seat)
         if self.counts_growth:
@@ -146,19 +180,23 @@ WRONG = {
     "smaller-jumps-the-queue": dict(jumps_queue=True),
     "one-admission-per-step": dict(per_step=1),
     "waits-for-the-batch": dict(waits=True),
+    "at-most-one-victim-per-step": dict(victims=1),
 }
 
 
+@CHECKS
 def test_a_correct_version_passes():
     check_all(Continuous)
 
 
+@CHECKS
 @pytest.mark.parametrize("mistake", WRONG.values(), ids=WRONG.keys())
 def test_the_checks_catch_a_wrong_continuous_policy(mistake):
     with pytest.raises(AssertionError):
         check_all(lambda: Continuous(**mistake))
 
 
+@CHECKS
 def test_the_stub_is_rejected():
     class Stub:
         name, holds_finished_seats = "stub", False
@@ -168,3 +206,37 @@ def test_the_stub_is_rejected():
 
     with pytest.raises(NotImplementedError):
         check_all(Stub)
+
+
+@CHECKS
+def test_the_two_victims_crowd_needs_two_victims_in_one_step():
+    referee = check_two_victims(ContinuousScheduler)
+    assert any(len(d.preempt) == 2 for d in referee.decisions)
+
+
+@CHECKS
+@pytest.mark.parametrize(
+    "source",
+    [
+        "from minillm.scheduler import ContinuousScheduler as MyContinuousScheduler\n",
+        "from minillm.scheduler import Plan, admit_in_order\nclass MyContinuousScheduler: pass\n",
+        "import minillm.scheduler as s\nclass MyContinuousScheduler(s.ContinuousScheduler): pass\n",
+        "from minillm import scheduler\nclass MyContinuousScheduler(scheduler.ContinuousScheduler): pass\n",
+    ],
+)
+def test_a_policy_borrowed_from_the_reference_is_refused(source, tmp_path, monkeypatch):
+    (tmp_path / "borrowed.py").write_text(source)
+    monkeypatch.syspath_prepend(str(tmp_path))
+    borrowed = importlib.import_module("borrowed")
+    try:
+        with pytest.raises(AssertionError, match="write the policy yourself"):
+            assert_writes_its_own_policy(borrowed, "MyContinuousScheduler")
+    finally:
+        sys.modules.pop("borrowed", None)
+
+
+@CHECKS
+def test_your_own_file_may_import_plan_and_kvspace():
+    from lessons.exercises import lesson04_continuous
+
+    assert_writes_its_own_policy(lesson04_continuous, "MyContinuousScheduler")

@@ -1,8 +1,12 @@
-"""Lesson 06: latency metrics from a trace. Run: pytest -m lesson06
+"""Lesson 06: latency from a trace, and a scheduling decision. Run: pytest -m lesson06
 
-Your ttft_tpot must agree with minillm.metrics.per_request on real traces: the shipped model
-serving a small crowd (replies that end on EOS, on the length limit, one-token replies, a
-rejected request and one still running when the trace ends), under both policies.
+Part 1: your ttft_tpot must agree with minillm.metrics.per_request on a real trace: the shipped model
+serving a small crowd on a KV pool so small that requests are preempted (so TPOT is not always 1),
+with long replies, replies that end on EOS or on their length limit, a one-token reply plus EOS, a
+rejected request and one still running when the trace ends.
+
+Part 2: your MyFairScheduler serves the crowds of lessons/fairness.py: its TTFT p90 must be at least 15%
+lower than first come, first served's, and nobody may wait longer than the longest wait under FCFS.
 """
 
 from __future__ import annotations
@@ -12,19 +16,27 @@ import math
 
 import pytest
 
+from lessons import fairness
 from minillm.config import EngineConfig
 from minillm.engine import Engine
 from minillm.metrics import per_request
 from minillm.request import Request
-from minillm.scheduler import ContinuousScheduler, StaticScheduler
+from minillm.scheduler import ContinuousScheduler, KVSpace, Plan
 from minillm.tokenizer import encode_prompt
 from minillm.trace import Trace
-from tests.lessons.harness import IMPLS, shipped_model, stub, student_module
+from tests.lessons.harness import (
+    CHECKS,
+    assert_writes_its_own_policy,
+    implementations,
+    shipped_model,
+    stub,
+    student_module,
+)
 
-pytestmark = pytest.mark.lesson06
+lesson = pytest.mark.lesson06  # your code's checks: pytest -m lesson06
 
 
-def reference(trace: Trace) -> dict[str, dict[str, float | None]]:
+def reference_ttft_tpot(trace: Trace) -> dict[str, dict[str, float | None]]:
     finished = {r.id for r in trace.requests if r.finish_reason in ("eos", "length")}
     return {
         rid: {"ttft_steps": m["ttft_steps"], "tpot_steps": m.get("tpot_steps")}
@@ -33,78 +45,110 @@ def reference(trace: Trace) -> dict[str, dict[str, float | None]]:
     }
 
 
-@pytest.fixture(params=IMPLS)
+class PatientShortestFirst:
+    """A reference answer to part 2: shortest reply first, but whoever has waited PATIENCE steps goes first."""
+
+    name, holds_finished_seats, PATIENCE = "patient-shortest-first", False, 40
+
+    def __init__(self):
+        self.step = 0
+
+    def schedule(self, waiting: list[Request], seats: list[Request | None], kv: KVSpace) -> Plan:
+        tired = [r for r in waiting if self.step - r.arrival_step >= self.PATIENCE]  # oldest first
+        rest = sorted((r for r in waiting if r not in tired), key=lambda r: r.max_new_tokens)
+        self.step += 1
+        return Plan(admit=(tired + rest)[: seats.count(None)])
+
+
+@pytest.fixture(params=implementations(lesson))
 def ttft_tpot(request):
     if request.param == "reference":
-        return reference
-    return student_module("lesson06_metrics").ttft_tpot
+        return reference_ttft_tpot
+    return student_module("lesson06_tradeoffs").ttft_tpot
 
 
-# --- the checks --------------------------------------------------------------------------------
+@pytest.fixture(params=implementations(lesson))
+def fair_scheduler(request):
+    if request.param == "reference":
+        return PatientShortestFirst
+    module = student_module("lesson06_tradeoffs")
+    assert_writes_its_own_policy(module, "MyFairScheduler")
+    return module.MyFairScheduler
+
+
+# --- part 1: TTFT and TPOT from a trace ------------------------------------------------------------
 @functools.cache
-def real_trace(policy: str) -> Trace:
-    """Two seats, seven users, 40 steps: some queue, some end on EOS, some on length, one never ends."""
+def real_trace() -> Trace:
+    """Four seats, a pool of 7 blocks of 16 tokens, 50 steps: replies that cannot all grow at once (one is
+    preempted, so its TPOT is not 1), a one-token reply plus EOS, one cut by its length limit, one reply of
+    exactly one token (TPOT undefined), a rejected request, and one still running when the trace ends."""
     requests = [
-        Request("count-3", encode_prompt("count down from 3"), 20),  # ends on EOS
-        Request("count-2", encode_prompt("count down from 2"), 20),  # ends on EOS
-        Request("letters", encode_prompt("letters a to c"), 20),  # waits for a seat
-        Request("one-token", encode_prompt("spell 7"), 1, arrival_step=1, ignore_eos=True),  # TPOT undefined
+        Request("count-1", encode_prompt("count down from 1"), 20),  # "1" then EOS: two tokens produced
+        Request("long-a", encode_prompt("count down from 15"), 60),  # 35 tokens + EOS
+        Request("long-b", encode_prompt("count down from 12"), 60, arrival_step=1),
+        Request("long-c", encode_prompt("count down from 13"), 60, arrival_step=1),  # preempted
+        Request("one-token", encode_prompt("spell 7"), 1, arrival_step=2, ignore_eos=True),  # TPOT undefined
         Request("cut-short", encode_prompt("count down from 40"), 6, arrival_step=2),  # ends on length
-        Request("long", encode_prompt("count down from 60"), 200, arrival_step=3),  # still running at the end
+        Request("spell", encode_prompt("spell 4096"), 40, arrival_step=4),
         Request("rejected", encode_prompt("spell 42"), 0),  # max_new_tokens 0: rejected, never finishes
+        Request("unfinished", encode_prompt("count down from 40"), 60, arrival_step=8),  # running at the end
     ]
-    scheduler = {"static": StaticScheduler, "continuous": ContinuousScheduler}[policy]()
-    engine = Engine(shipped_model(), scheduler, EngineConfig(slots=2, kv="paged"))
+    cfg = EngineConfig(slots=4, kv="paged", num_blocks=7, block_size=16)
+    engine = Engine(shipped_model(), ContinuousScheduler(), cfg)
     for r in requests:
         engine.submit(r)
-    return engine.run(max_steps=40)
+    return engine.run(max_steps=50)
 
 
 def describe(trace: Trace, rid: str) -> str:
     r = trace.request(rid)
     return (
         f"{rid} (arrived at step {r.arrival_step}, first token at step {r.first_token_step}, finished at step "
-        f"{r.finish_step} on {r.finish_reason}, {len(r.output_ids)} output tokens)"
+        f"{r.finish_step} on {r.finish_reason}, {len(r.output_ids)} output tokens, preempted {r.preemptions} times)"
     )
 
 
-def check_trace(ttft_tpot, policy: str) -> None:
-    trace = real_trace(policy)
-    expected, got = reference(trace), ttft_tpot(trace)
+def check_trace(ttft_tpot) -> None:
+    trace = real_trace()
+    expected, got = reference_ttft_tpot(trace), ttft_tpot(trace)
     assert isinstance(got, dict), f"return a dict keyed by request id, got {type(got).__name__}"
     extra, missing = sorted(set(got) - set(expected)), sorted(set(expected) - set(got))
-    assert not extra, f"{policy} trace: {extra} did not finish (finish_reason not eos or length): leave them out"
-    assert not missing, f"{policy} trace: {missing} finished, but your result has no entry for them"
+    assert not extra, f"{extra} did not finish (finish_reason not eos or length): leave them out"
+    assert not missing, f"{missing} finished, but your result has no entry for them"
     for rid, want in expected.items():
         for key, value in want.items():
             mine = got[rid].get(key, "missing")
             ok = (mine is None) if value is None else isinstance(mine, (int, float)) and math.isclose(mine, value)
-            assert ok, f"{policy} trace, {describe(trace, rid)}: expected {key} {value}, got {mine}"
+            assert ok, f"{describe(trace, rid)}: expected {key} {value}, got {mine}"
 
 
-def check_all(ttft_tpot) -> None:
-    check_trace(ttft_tpot, "continuous")
-    check_trace(ttft_tpot, "static")
+def test_ttft_and_tpot_equal_the_reference_on_a_real_trace(ttft_tpot):
+    check_trace(ttft_tpot)
 
 
-@pytest.mark.parametrize("policy", ["continuous", "static"])
-def test_ttft_and_tpot_equal_the_reference_on_a_real_trace(ttft_tpot, policy):
-    check_trace(ttft_tpot, policy)
+# --- part 2: a policy that beats FCFS on TTFT p90 without starving anyone ----------------------------
+@functools.cache
+def fcfs_ttfts() -> dict[str, int]:
+    return fairness.ttfts(ContinuousScheduler)
 
 
-@pytest.mark.parametrize("policy", ["continuous", "static"])
-def test_the_trace_covers_every_case(policy):
-    trace = real_trace(policy)
-    metrics = reference(trace)
-    reasons = [r.finish_reason for r in trace.requests]
-    assert "eos" in reasons and "length" in reasons and None in reasons, "an end on EOS, on length, and no end"
-    assert any(r.startswith("rejected") for r in reasons if r)
-    assert any(m["tpot_steps"] is None for m in metrics.values()), "a one-token reply: TPOT undefined"
-    assert any(m["ttft_steps"] > 1 for m in metrics.values()), "somebody should have queued for a seat"
+def check_policy(make_scheduler) -> None:
+    verdict = fairness.judge(make_scheduler, fcfs_ttfts())
+    assert verdict.faster and verdict.fair, (
+        f"on the crowds of lessons/fairness.py: {verdict.describe()}"
+        + ("" if verdict.faster else "; to cut the p90, let short requests board before long ones")
+        + ("" if verdict.fair else "; to stop starving, make sure a request that has waited long enough boards")
+    )
+
+
+def test_your_policy_beats_fcfs_on_ttft_p90_without_starving_anyone(fair_scheduler):
+    check_policy(fair_scheduler)
 
 
 # --- the checks catch plausible mistakes --------------------------------------------------------
-def make_metrics(plus_one=True, divide_by_n=False, count_eos=True, only_finished=True, one_token=None, start="arrival"):
+def make_metrics(
+    plus_one=True, divide_by_n=False, count_eos=True, only_finished=True, one_token=None, start="arrival", span="end"
+):
     def ttft_tpot(trace):
         out = {}
         for r in trace.requests:
@@ -115,33 +159,94 @@ def make_metrics(plus_one=True, divide_by_n=False, count_eos=True, only_finished
             n = len(r.output_ids) + (count_eos and r.finish_reason == "eos")
             tpot = one_token
             if n > 1 and r.finish_step is not None:
-                tpot = (r.finish_step - r.first_token_step) / (n if divide_by_n else n - 1)
+                steps = r.finish_step - r.first_token_step + (span == "inclusive")
+                tokens = n if divide_by_n else n - 1
+                tpot = steps // tokens if span == "floor" else steps / tokens
             out[r.id] = {"ttft_steps": ttft, "tpot_steps": tpot}
         return out
 
     return ttft_tpot
 
 
-WRONG = {
+WRONG_METRICS = {
     "ttft-without-plus-one": dict(plus_one=False),
     "ttft-from-admission": dict(start="admit"),
     "tpot-divides-by-n": dict(divide_by_n=True),
     "tpot-forgets-the-eos": dict(count_eos=False),
+    "tpot-floor-division": dict(span="floor"),
+    "tpot-over-an-inclusive-span": dict(span="inclusive"),
     "includes-unfinished": dict(only_finished=False),
     "tpot-zero-for-one-token": dict(one_token=0.0),
 }
 
 
+class Priority:
+    """An admission order, with switches for the mistakes below."""
+
+    name, holds_finished_seats = "priority-variant", False
+
+    def __init__(self, key=None, patience=None, seats_for_old=0):
+        self.key, self.patience, self.seats_for_old, self.step = key, patience, seats_for_old, 0
+
+    def schedule(self, waiting, seats, kv):
+        tired = [r for r in waiting if self.patience is not None and self.step - r.arrival_step >= self.patience]
+        rest = [r for r in waiting if r not in tired]
+        order = tired + (sorted(rest, key=self.key) if self.key else rest)
+        self.step += 1
+        return Plan(admit=order[: seats.count(None)])
+
+
+WRONG_POLICIES = {
+    "first-come-first-served": lambda: Priority(),
+    "shortest-first-starves-the-long": lambda: Priority(key=lambda r: r.max_new_tokens),
+    "patience-too-short": lambda: Priority(key=lambda r: r.max_new_tokens, patience=20),
+    "patience-too-long": lambda: Priority(key=lambda r: r.max_new_tokens, patience=100),
+    "shortest-prompt-first": lambda: Priority(key=lambda r: len(r.prompt_ids)),
+    "newest-first": lambda: Priority(key=lambda r: -r.arrival_step),
+}
+
+
+@CHECKS
 def test_a_correct_version_passes():
-    check_all(make_metrics())
+    check_trace(make_metrics())
 
 
-@pytest.mark.parametrize("mistake", WRONG.values(), ids=WRONG.keys())
+@CHECKS
+def test_the_trace_covers_every_case():
+    trace = real_trace()
+    metrics = reference_ttft_tpot(trace)
+    reasons = [r.finish_reason for r in trace.requests]
+    assert "eos" in reasons and "length" in reasons and None in reasons, "an end on EOS, on length, and no end"
+    assert any(r.startswith("rejected") for r in reasons if r)
+    assert any(r.preemptions and r.finish_reason == "eos" for r in trace.requests), "a preempted reply"
+    assert any(m["tpot_steps"] is None for m in metrics.values()), "a one-token reply: TPOT undefined"
+    assert any(m["tpot_steps"] and m["tpot_steps"] % 1 for m in metrics.values()), "a TPOT that is not whole"
+    one_plus_eos = trace.request("count-1")
+    assert one_plus_eos.finish_reason == "eos" and len(one_plus_eos.output_ids) == 1
+
+
+@CHECKS
+@pytest.mark.parametrize("mistake", WRONG_METRICS.values(), ids=WRONG_METRICS.keys())
 def test_the_checks_catch_wrong_metrics(mistake):
     with pytest.raises(AssertionError):
-        check_all(make_metrics(**mistake))
+        check_trace(make_metrics(**mistake))
 
 
-def test_the_stub_is_rejected():
+@CHECKS
+@pytest.mark.parametrize("policy", WRONG_POLICIES.values(), ids=WRONG_POLICIES.keys())
+def test_the_checks_catch_a_policy_that_is_slow_or_unfair(policy):
+    with pytest.raises(AssertionError):
+        check_policy(policy)
+
+
+@CHECKS
+def test_the_stubs_are_rejected():
     with pytest.raises(NotImplementedError):
-        check_all(stub)
+        check_trace(stub)
+
+    class Stub:
+        name, holds_finished_seats = "stub", False
+        schedule = stub
+
+    with pytest.raises(NotImplementedError):
+        check_policy(Stub)

@@ -1,0 +1,41 @@
+"""Lesson 06 exercise: latency from a trace, then a scheduling decision. Check your work: pytest -m lesson06"""
+
+from __future__ import annotations
+
+from minillm.request import Request
+from minillm.scheduler import KVSpace, Plan  # only these two: the policy is yours to write
+from minillm.trace import Trace
+
+
+def ttft_tpot(trace: Trace) -> dict[str, dict[str, float | None]]:
+    """Part 1. Per finished request id: {"ttft_steps": ..., "tpot_steps": ...}, counted in engine steps.
+
+    TTFT (time to first token): the steps from the request's arrival to the step that produced its first
+    token, both counted (a request admitted in the step it arrives waits 1 step).
+    TPOT (time per output token): the average number of steps between two consecutive tokens after the
+    first. An EOS counts as a token (producing it took a step). None when there is only one token.
+    Skip requests that did not finish (finish_reason not "eos" or "length").
+    Everything you need is in trace.requests (see minillm/trace.py: RequestRecord).
+    """
+    raise NotImplementedError("lesson 06: compute TTFT and TPOT per request from the trace")
+
+
+class MyFairScheduler:
+    """Part 2. Continuous batching that beats first come, first served on TTFT p90, without starving anyone.
+
+    The engine calls schedule(waiting, seats, kv) once per step, from step 0 (count your calls to know the
+    step), exactly as in lesson 04. In the crowds it is judged on (lessons/fairness.py) memory is plentiful:
+    you may leave preemption out. You may use r.max_new_tokens (there, exactly the length of the reply),
+    r.arrival_step, your step count, and the order of `waiting` (arrival order, the head first).
+
+    Judged against first come, first served on the same crowds:
+      - TTFT p90 (nearest rank) at least 15% lower;
+      - nobody starves: no user waits longer for a first token than the longest wait under FCFS.
+    Return Plan(admit=[...]) (requests from `waiting`, at most one per free seat).
+    """
+
+    name = "my-fair"
+    holds_finished_seats = False
+
+    def schedule(self, waiting: list[Request], seats: list[Request | None], kv: KVSpace) -> Plan:
+        raise NotImplementedError("lesson 06: choose who boards first, so the queue's tail waits less")

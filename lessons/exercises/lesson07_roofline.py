@@ -1,0 +1,70 @@
+"""Lesson 07 exercise: the roofline and the KV ceiling, on plain numbers. Check your work: pytest -m lesson07
+
+No minillm here: the physics is yours. A Model is what a config.json says, a Card what a datasheet prints.
+Units as the datasheets use them: memory in GiB (a "24 GB" card has 24 x 2**30 bytes), bandwidth in GB/s
+(10**9 bytes per second), tensor TFLOP/s (10**12 FLOP per second).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+GiB = 2**30
+GB = 1e9
+TERA = 1e12
+
+
+@dataclass(frozen=True)
+class Model:
+    """A Llama-style decoder, from its config.json. (Given: nothing to write here.)"""
+
+    params: int  # all its weights
+    layers: int  # num_hidden_layers
+    heads: int  # num_attention_heads: query heads
+    kv_heads: int  # num_key_value_heads: key/value heads, each shared by heads // kv_heads query heads (GQA)
+    head_dim: int  # numbers per head
+
+
+@dataclass(frozen=True)
+class Card:
+    """A GPU, as its datasheet prints it. (Given: nothing to write here.)"""
+
+    memory_gib: float
+    bandwidth_gb_s: float
+    tensor_tflops: float  # the bf16 tensor TFLOP/s figure as printed
+    with_sparsity: bool  # True when that figure is "with sparsity" (2:4 structured): twice what a dense model gets
+
+
+def kv_bytes_per_token(model: Model, kv_bits: float = 16) -> float:
+    """Bytes of KV cache one token takes: its key and its value, in every layer, for every key/value head.
+
+    kv_bits: bits per cached number (16 for bf16 or fp16, 8 for fp8).
+    """
+    raise NotImplementedError("lesson 07: the bytes one token's keys and values take in the KV cache")
+
+
+def decode_step_time(
+    model: Model, card: Card, batch: int, context: int, weight_bits: float = 16, kv_bits: float = 16
+) -> float:
+    """Seconds for one decode step of `batch` users, each with `context` tokens already cached: the ideal
+    roofline, at 100% of the datasheet and with no fixed cost per kernel.
+
+    Bytes: every weight once per step (whatever the batch), plus every user's cached KV.
+    FLOPs: 2 per weight per user (a multiply and an add).
+    time = the larger of bytes / bandwidth and FLOPs / the card's DENSE FLOP/s.
+    weight_bits: bits per weight (16: bf16, 8: fp8, 4.125: int4 with a 16-bit scale per 128 weights).
+    """
+    raise NotImplementedError("lesson 07: the roofline's time for one decode step")
+
+
+def max_users(
+    model: Model,
+    card: Card,
+    context: int,
+    weight_bits: float = 16,
+    kv_bits: float = 16,
+    utilization: float = 0.9,
+) -> int:
+    """How many users with `context` tokens each fit: the KV memory is what is left of utilization x the
+    card's memory once the weights are loaded. A user fits whole or not at all; 0 when nobody fits."""
+    raise NotImplementedError("lesson 07: how many users' KV caches fit next to the weights")

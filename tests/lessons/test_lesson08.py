@@ -1,0 +1,371 @@
+"""Lesson 08: the step planner under a token budget (chunked prefill). Run: pytest -m lesson08
+
+Your plan_step decides, every step, who runs how many tokens: decode rows first (oldest admission first,
+1 token each), then prompts still being prefilled (oldest first), then newcomers from the head of the
+queue, a prompt longer than what is left cut into a chunk, never over the budget, nobody jumping the queue.
+Checked on hand-made situations, then inside the real engine, step by step and token for token.
+"""
+
+from __future__ import annotations
+
+import math
+
+import pytest
+
+from minillm.request import Request, State
+from minillm.scheduler import admit_in_order, decode_first, share_budget
+from tests.lessons.harness import (
+    CHECKS,
+    assert_served_everyone,
+    assert_writes_its_own_policy,
+    crowd,
+    implementations,
+    serve,
+    small_model,
+    stub,
+    student_module,
+)
+
+lesson = pytest.mark.lesson08  # your code's checks: pytest -m lesson08
+
+
+class Plenty:
+    """A KV cache with room for everything (this lesson's runs): what admit_in_order may ask."""
+
+    free_blocks = 10**9
+
+    def blocks_to_admit(self, num_tokens, token_ids=None, leaving=()):
+        return 0
+
+    def cached_prefix(self, token_ids):
+        return 0
+
+
+def reference_plan(running, waiting, free_seats, budget):
+    """The reference policy's plan (minillm/scheduler.py's ContinuousScheduler when memory is plentiful)."""
+    tokens = share_budget([(r, r.num_pending) for r in decode_first(running)], budget)
+    left = math.inf if budget is None else budget - sum(tokens.values())
+    admitted, first_chunks = admit_in_order(waiting, free_seats, Plenty.free_blocks, left, Plenty())
+    return admitted, tokens | first_chunks
+
+
+@pytest.fixture(params=implementations(lesson))
+def plan_step(request):
+    if request.param == "reference":
+        return reference_plan
+    module = student_module("lesson08_chunked")
+    assert_writes_its_own_policy(module, "MyChunkedScheduler")
+    return module.plan_step
+
+
+# --- situations ----------------------------------------------------------------------------------
+def prompt(n: int, seed: int) -> list[int]:
+    return [257] + [(seed * 41 + 7 * j) % 256 for j in range(n - 1)]
+
+
+def decoding(rid: str, order: int, prompt_len: int = 12, produced: int = 3) -> Request:
+    """Seated, prompt in the cache, `produced` tokens out: it runs the last one (1 token pending)."""
+    r = Request(rid, prompt(prompt_len, order), 50, ignore_eos=True, state=State.RUNNING, admit_order=order)
+    r.output_ids = [65 + i for i in range(produced)]
+    r.num_computed = prompt_len + produced - 1
+    return r
+
+
+def prefilling(rid: str, order: int, prompt_len: int, done: int) -> Request:
+    """Seated, `done` of its prompt's tokens in the cache: prompt_len - done pending."""
+    r = Request(rid, prompt(prompt_len, order), 50, ignore_eos=True, state=State.RUNNING, admit_order=order)
+    r.num_computed = done
+    return r
+
+
+def newcomer(rid: str, prompt_len: int, produced: int = 0) -> Request:
+    """In the queue; `produced` > 0: it was preempted after that many tokens and recomputes them too."""
+    r = Request(rid, prompt(prompt_len, len(rid)), 50, ignore_eos=True)
+    r.output_ids = [65 + i for i in range(produced)]
+    return r
+
+
+def seat(requests: list[Request]) -> list[Request]:
+    for i, r in enumerate(requests):
+        r.seat = i
+    return requests
+
+
+SITUATIONS = {
+    "more decode rows than budget": lambda: dict(
+        running=seat([decoding("d2", 5), decoding("d0", 1), decoding("d1", 3), prefilling("p", 4, 40, 10)]),
+        waiting=[newcomer("n1", 10)], free_seats=1, budget=2),
+    "decode rows, then prompts in order of admission": lambda: dict(
+        running=seat([prefilling("p_new", 2, 30, 0), decoding("d0", 3), prefilling("p_old", 1, 40, 20)]),
+        waiting=[newcomer("n1", 12), newcomer("n2", 5)], free_seats=2, budget=40),
+    "a long head of the queue boards with a chunk": lambda: dict(
+        running=seat([decoding("d0", 0), decoding("d1", 1)]),
+        waiting=[newcomer("big", 50), newcomer("small", 3)], free_seats=2, budget=16),
+    "newcomers fill what is left, in queue order": lambda: dict(
+        running=seat([decoding("d0", 0), prefilling("p", 1, 9, 4)]),
+        waiting=[newcomer("a", 6), newcomer("b", 20), newcomer("c", 4)], free_seats=3, budget=24),
+    "seats limit the newcomers": lambda: dict(
+        running=[], waiting=[newcomer("a", 3), newcomer("b", 3), newcomer("c", 3)], free_seats=2, budget=64),
+    "no budget: everyone runs all it has": lambda: dict(
+        running=seat([decoding("d0", 0), prefilling("p", 1, 40, 10)]),
+        waiting=[newcomer("n", 25), newcomer("m", 7)], free_seats=1, budget=None),
+    "the budget covers every row": lambda: dict(
+        running=seat([decoding(f"d{i}", i) for i in range(4)] + [prefilling("p", 4, 60, 10)]),
+        waiting=[newcomer("n", 5)], free_seats=1, budget=8),
+    "a preempted request comes back": lambda: dict(
+        running=seat([decoding("d0", 0)]), waiting=[newcomer("back", 10, produced=6)], free_seats=1, budget=64),
+}  # fmt: skip
+
+
+def ids(requests) -> list[str]:
+    return [r.id for r in requests]
+
+
+def nonzero(tokens: dict) -> dict[str, int]:
+    return {rid: n for rid, n in tokens.items() if n}
+
+
+def describe(running, waiting, free_seats, budget) -> str:
+    rows = ", ".join(
+        f"{r.id} ({'decoding' if r.is_decoding else f'prefilling, {r.num_pending} to go'}, admit_order {r.admit_order})"
+        for r in running
+    )
+    queue = ", ".join(f"{r.id} ({r.num_pending} tokens)" for r in waiting)
+    return f"budget {budget}; seated, in seat order: [{rows}]; queue: [{queue}]; {free_seats} free seat(s)"
+
+
+def diagnose(running, waiting, free_seats, budget, got, expected) -> str:
+    """The likely mistake behind a plan that differs from the expected one."""
+    (admitted, tokens), (want_admitted, want) = got, expected
+    tokens, queue = nonzero(tokens), ids(waiting)
+    total, decoders = sum(tokens.values()), [r for r in running if r.is_decoding]
+    prefillers = [r for r in running if not r.is_decoding]
+    if budget is not None and total > budget:
+        return (
+            f"your plan runs {total} tokens, over the budget of {budget}: the budget caps the whole step, every "
+            "row together: decode rows count too, and each row takes its tokens out of what the rows before it left"
+        )
+    greedy = [r.id for r in decoders if tokens.get(r.id, 0) > 1]
+    if greedy:
+        return (
+            f"decode row {greedy[0]} runs {tokens[greedy[0]]} tokens: a decode row runs exactly 1, the token it "
+            "produced last step (its next one does not exist until this step's forward has run)"
+        )
+    if len(admitted) > free_seats:
+        return f"you admitted {len(admitted)} newcomers into {free_seats} free seat(s)"
+    if ids(admitted) != queue[: len(admitted)]:
+        jumper = next(rid for rid, head in zip(ids(admitted), queue) if rid != head)
+        skipped = queue[ids(admitted).index(jumper)]
+        return (
+            f"{jumper} boarded ahead of {skipped}: newcomers board from the head of the queue, in order; a "
+            "prompt longer than what is left boards with a chunk, it is not skipped"
+        )
+    starved = [r.id for r in decoders if not tokens.get(r.id)]
+    prompt_rows = [rid for rid in tokens if rid not in ids(decoders)]
+    if starved and prompt_rows:
+        return (
+            f"{prompt_rows[0]} runs prompt tokens while decode row {starved[0]} runs none: decode rows go first "
+            "(they are users waiting for their next token; a prompt can wait a step)"
+        )
+    if ids(admitted) and any(tokens.get(r.id, 0) < r.num_pending for r in prefillers):
+        short = next(r for r in prefillers if tokens.get(r.id, 0) < r.num_pending)
+        return (
+            f"newcomer {ids(admitted)[0]} boards while {short.id}, seated and partly prefilled, still has "
+            f"{short.num_pending - tokens.get(short.id, 0)} prompt tokens left unrun: prompts already seated go "
+            "before newcomers"
+        )
+    by_age = sorted(running, key=lambda r: r.admit_order)
+    for kind, rows in (("decode rows", decoders), ("prompts being prefilled", prefillers)):
+        served = [r.id for r in sorted(rows, key=lambda r: r.admit_order) if tokens.get(r.id)]
+        if any(want.get(r.id, 0) != tokens.get(r.id, 0) for r in rows) and served:
+            oldest = [r.id for r in by_age if r in rows]
+            return (
+                f"{kind} are served oldest admission first (smallest r.admit_order: {oldest}), not in seat order; "
+                f"expected { ({r: want[r] for r in oldest if want.get(r)}) }"
+            )
+    if len(admitted) < len(want_admitted):
+        missed = want_admitted[len(admitted)]
+        return (
+            f"{missed.id} should board: a seat is free and budget is left. A prompt longer than what is left still "
+            "boards, with a first chunk (whole prompts only would keep a long prompt out for ever)"
+        )
+    if len(admitted) > len(want_admitted):
+        return "no budget is left for another newcomer: admit only while a seat is free and budget is left"
+    for r in list(waiting) + prefillers:
+        if tokens.get(r.id, 0) != want.get(r.id, 0):
+            because = (
+                f" ({r.id} comes back after a preemption: it recomputes its prompt and the {len(r.output_ids)} "
+                "reply tokens it had, r.num_pending in all)"
+                if r.output_ids and not r.is_decoding
+                else ""
+            )
+            return f"{r.id} should run {want.get(r.id, 0)} tokens, you gave {tokens.get(r.id, 0)}{because}"
+    return "the plan differs from the rules"
+
+
+def check_plan(plan_step, situation: dict, where: str) -> None:
+    running, waiting = situation["running"], situation["waiting"]
+    free_seats, budget = situation["free_seats"], situation["budget"]
+    expected = reference_plan(list(running), list(waiting), free_seats, budget)
+    got = plan_step(list(running), list(waiting), free_seats, budget)
+    assert isinstance(got, tuple) and len(got) == 2, "plan_step must return (admitted, tokens)"
+    admitted, tokens = list(got[0]), dict(got[1] or {})
+    assert all(isinstance(r, Request) for r in admitted), "admitted must hold the Request objects from `waiting`"
+    if ids(admitted) == ids(expected[0]) and nonzero(tokens) == nonzero(expected[1]):
+        return
+    why = diagnose(running, waiting, free_seats, budget, (admitted, tokens), expected)
+    raise AssertionError(
+        f"{where}: {describe(running, waiting, free_seats, budget)}.\n  Expected admitted {ids(expected[0])}, "
+        f"tokens {nonzero(expected[1])}; you gave admitted {ids(admitted)}, tokens {nonzero(tokens)}.\n  {why}"
+    )
+
+
+def check_situations(plan_step) -> None:
+    for name, make in SITUATIONS.items():
+        check_plan(plan_step, make(), name)
+
+
+# --- inside the real engine --------------------------------------------------------------------------
+class Planner:
+    """Continuous batching around a plan_step (as MyChunkedScheduler), checking each step's plan as it is made."""
+
+    name, holds_finished_seats = "planner", False
+
+    def __init__(self, plan_step, token_budget):
+        self.plan_step, self.token_budget, self.step = plan_step, token_budget, 0
+
+    def schedule(self, waiting, seats, kv):
+        from minillm.scheduler import Plan
+
+        running = [r for r in seats if r is not None]
+        situation = dict(running=running, waiting=list(waiting), free_seats=seats.count(None), budget=self.token_budget)
+        check_plan(self.plan_step, situation, f"engine step {self.step}")
+        self.step += 1
+        admitted, tokens = self.plan_step(running, list(waiting), seats.count(None), self.token_budget)
+        return Plan(admit=list(admitted), tokens=dict(tokens))
+
+
+ENGINE_BUDGETS = [1, 6, 32, None]
+
+
+def check_engine(plan_step, budget) -> None:
+    """Ten requests arriving over ten steps, three seats: every step's plan follows the rules, every reply is
+    token-exact (any chunking must give the plain loop's tokens)."""
+    requests = crowd(10)
+    engine = serve(small_model("gqa"), Planner(plan_step, budget), requests, slots=3, kv="contiguous")
+    assert_served_everyone(engine, requests, blame="your plan_step")
+
+
+def check_all(plan_step) -> None:
+    check_situations(plan_step)
+    for budget in ENGINE_BUDGETS:
+        check_engine(plan_step, budget)
+
+
+@pytest.mark.parametrize("name", SITUATIONS)
+def test_a_plan_follows_the_rules(plan_step, name):
+    check_plan(plan_step, SITUATIONS[name](), name)
+
+
+@pytest.mark.parametrize("budget", ENGINE_BUDGETS, ids=[f"budget-{b}" for b in ENGINE_BUDGETS])
+def test_the_real_engine_serves_a_crowd_token_exact(plan_step, budget):
+    check_engine(plan_step, budget)
+
+
+# --- the checks catch plausible mistakes ----------------------------------------------------------
+def written_out(
+    decode_first_=True, seat_order=False, prompts_before_newcomers=True, chunks=True, jumps=False, count_decode=True,
+    shared=True, decode_runs_ahead=False, prompt_only=False, seats_matter=True,
+):  # fmt: skip
+    """A plan_step written out, with switches for the mistakes below."""
+
+    def plan(running, waiting, free_seats, budget):
+        left, tokens, admitted = math.inf if budget is None else budget, {}, []
+        key = (lambda r: r.seat) if seat_order else (lambda r: r.admit_order)
+        decoders = sorted((r for r in running if r.is_decoding), key=key)
+        prefillers = sorted((r for r in running if not r.is_decoding), key=lambda r: r.admit_order)
+
+        def give(r, wanted):
+            nonlocal left
+            n = int(min(wanted, left)) if shared else int(min(wanted, budget or math.inf))
+            tokens[r.id] = n
+            if shared:
+                left -= n
+
+        def decode():
+            nonlocal left
+            for r in decoders:
+                if decode_runs_ahead:  # runs the rest of its reply at once (wrong)
+                    give(r, r.max_new_tokens - len(r.output_ids))
+                elif count_decode:
+                    give(r, 1)
+                else:
+                    tokens[r.id] = 1  # outside the budget (wrong)
+
+        def newcomers():
+            for r in waiting:
+                if (seats_matter and len(admitted) == free_seats) or left <= 0:
+                    break
+                wanted = len(r.prompt_ids) if prompt_only else r.num_pending
+                if not chunks and wanted > left:
+                    if jumps:
+                        continue  # a smaller one behind goes first (wrong)
+                    break  # waits until its whole prompt fits (wrong)
+                admitted.append(r)
+                give(r, wanted)
+
+        def prompts():
+            for r in prefillers:
+                give(r, r.num_pending)
+
+        order = [decode, prompts, newcomers] if prompts_before_newcomers else [decode, newcomers, prompts]
+        if not decode_first_:
+            order = order[1:] + order[:1]
+        for part in order:
+            part()
+        return admitted, tokens
+
+    return plan
+
+
+WRONG = {
+    "prefill-before-decode": (dict(decode_first_=False), r"decode rows go first \(they are users"),
+    "whole-prompts-only": (dict(chunks=False), "whole prompts only would keep"),
+    "whole-prompts-and-a-smaller-one-jumps": (dict(chunks=False, jumps=True), "boarded ahead of"),
+    "decode-rows-outside-the-budget": (dict(count_decode=False), "over the budget"),
+    "budget-not-shared-across-rows": (dict(shared=False), "over the budget"),
+    "newcomers-before-partly-prefilled-prompts": (
+        dict(prompts_before_newcomers=False),
+        "prompts already seated go before newcomers",
+    ),
+    "decode-rows-run-ahead": (dict(decode_runs_ahead=True), "a decode row runs exactly 1"),
+    "decode-rows-in-seat-order": (dict(seat_order=True), "not in seat order"),
+    "ignores-free-seats": (dict(seats_matter=False), "newcomers into"),
+    "returning-request-runs-its-prompt-only": (dict(prompt_only=True), "comes back after a preemption"),
+}
+
+
+@CHECKS
+def test_a_correct_version_passes():
+    check_all(written_out())
+
+
+@CHECKS
+@pytest.mark.parametrize("name", WRONG)
+def test_the_checks_catch_a_wrong_plan_and_name_the_mistake(name):
+    switches, hint = WRONG[name]
+    with pytest.raises(AssertionError, match=hint):
+        check_all(written_out(**switches))
+
+
+@CHECKS
+def test_the_stub_is_rejected():
+    with pytest.raises(NotImplementedError):
+        check_all(stub)
+
+
+@CHECKS
+def test_your_own_file_may_import_plan_and_kvspace():
+    from lessons.exercises import lesson08_chunked
+
+    assert_writes_its_own_policy(lesson08_chunked, "MyChunkedScheduler")

@@ -1,0 +1,117 @@
+"""`whatif` and `calibrate` from the command line: answers, this-machine, and one clear line for bad input."""
+
+import json
+
+import pytest
+
+from minillm import calibrate
+from minillm.__main__ import main
+from minillm.calibrate import Sizes
+from minillm.hardware import this_machine
+
+TINY_SIZES = Sizes(copy_mib=1, matmul_n=32, tiny_ops=20, repeats=2)
+
+
+def run_cli(capsys, *argv):
+    code = main(list(argv))
+    captured = capsys.readouterr()
+    return code, captured.out, captured.err
+
+
+@pytest.fixture
+def cache_home(tmp_path, monkeypatch):
+    monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path))
+    return tmp_path
+
+
+def test_whatif_json_answers_the_workshop_question(capsys):
+    code, out, _ = run_cli(capsys, "whatif", "--model", "llama-3.1-8b", "--gpu", "rtx-4090", "--json")
+    assert code == 0
+    p = json.loads(out)
+    assert p["params"] == 8_030_261_248 and p["weight_bytes"] == 2 * 8_030_261_248
+    assert p["kv_bytes_per_token"] == 131072 and p["context"] == 4096 and p["batch"] == 1
+    assert p["max_users"] == p["free_kv_bytes"] // (16 * 131072) // 256 == 12
+    assert p["bound"] == "memory" and p["fits"]
+    assert p["tokens_per_s"] == p["per_user_tokens_per_s"] == pytest.approx(1 / p["decode_step_s"])
+    assert p["tokens_per_s"] < p["bandwidth_ceiling_tokens_per_s"]
+
+
+def test_whatif_says_when_the_users_do_not_fit(capsys):
+    code, out, _ = run_cli(capsys, "whatif", "--batch", "40")
+    assert code == 0 and "they do not fit" in out and "40 users fit at 1280 tokens each" in out
+    code, out, _ = run_cli(capsys, "whatif", "--batch", "40", "--json")
+    p = json.loads(out)
+    assert not p["fits"] and p["at_fitting_context"]["context"] == p["max_context_at_batch"] == 1280
+    assert p["tokens_per_s"] == pytest.approx(40 * p["per_user_tokens_per_s"])
+
+
+def test_whatif_summary_has_the_memory_split_and_the_bound(capsys):
+    code, out, _ = run_cli(capsys, "whatif", "--model", "qwen3-0.6b", "--gpu", "l4", "--kv-dtype", "fp8")
+    assert code == 0
+    for needle in ("memory", "weights", "KV", "users", "tokens/s in total", "per user", "bound"):
+        assert needle in out
+
+
+def test_whatif_takes_a_config_json_path(capsys, tmp_path):
+    config = {"hidden_size": 64, "intermediate_size": 128, "num_hidden_layers": 2, "num_attention_heads": 4,
+              "num_key_value_heads": 2, "vocab_size": 100}  # fmt: skip
+    (tmp_path / "config.json").write_text(json.dumps(config))
+    code, out, _ = run_cli(capsys, "whatif", "--model", str(tmp_path / "config.json"), "--json")
+    assert code == 0 and json.loads(out)["kv_bytes_per_token"] == 2 * 2 * 2 * 16 * 2
+
+
+@pytest.mark.parametrize(
+    "argv,needles",
+    [
+        (["--model", "gpt-5"], ["unknown model 'gpt-5'", "llama-3.1-8b", "qwen3-0.6b", "config.json"]),
+        (["--gpu", "rtx-9090"], ["unknown GPU 'rtx-9090'", "rtx-4090", "h100-sxm", "this-machine"]),
+        (["--context", "0"], ["--context must be at least 1"]),
+        (["--batch", "0"], ["--batch must be at least 1"]),
+        (["--dtype", "int3"], ["unknown weight dtype 'int3'", "fp8, int4"]),
+        (["--kv-dtype", "int4"], ["unknown KV cache dtype 'int4'", "bf16, fp16, fp8"]),
+    ],
+)
+def test_bad_whatif_input_is_one_line(capsys, argv, needles):
+    code, out, err = run_cli(capsys, "whatif", *argv)
+    assert code == 2 and out == ""
+    assert err.startswith("error: ") and err.count("\n") == 1 and "Traceback" not in err
+    for needle in needles:
+        assert needle in err
+
+
+def test_calibrate_writes_a_small_json_in_the_user_cache(cache_home):
+    result = calibrate.calibrate("cpu", TINY_SIZES, progress=False)
+    path = cache_home / "minillm" / "calibration-cpu.json"
+    assert path.is_file() and json.loads(path.read_text()) == result
+    assert result["bandwidth"] > 0 and result["launch_s"] > 0 and result["flops"]["fp32"] > 0
+    assert set(result["flops"]) <= {"fp32", "bf16"}
+    machine = this_machine("cpu")
+    assert machine.bandwidth == result["bandwidth"] and machine.efficiency == 1.0
+
+
+def test_calibrate_command(capsys, cache_home, monkeypatch):
+    monkeypatch.setitem(calibrate.DEFAULT_SIZES, "cpu", TINY_SIZES)
+    code, out, _ = run_cli(capsys, "calibrate", "--device", "cpu")
+    assert code == 0 and "GB/s" in out and str(cache_home / "minillm" / "calibration-cpu.json") in out
+
+
+def test_whatif_on_this_machine_reads_the_calibration(capsys, cache_home):
+    saved = {"device": "cpu", "name": "test cpu", "memory_bytes": 8 * 2**30, "bandwidth": 20e9,
+             "flops": {"fp32": 1e11}, "launch_s": 5e-6, "measured_at": "now"}  # fmt: skip
+    (cache_home / "minillm").mkdir()
+    (cache_home / "minillm" / "calibration-cpu.json").write_text(json.dumps(saved))
+    code, out, _ = run_cli(capsys, "whatif", "--model", "minillm-tiny", "--gpu", "this-machine",
+                           "--device", "cpu", "--dtype", "fp32", "--json")  # fmt: skip
+    p = json.loads(out)
+    assert code == 0 and p["gpu"] == "this-machine" and p["ridge_intensity"] == pytest.approx(1e11 / 20e9)
+
+
+def test_validate_reports_rows_and_the_median_error(cache_home):
+    from minillm.whatif import validate
+
+    v = validate("cpu", batches=(2,), contexts=(8,), repeats=2, rounds=1, progress=False, sizes=TINY_SIZES)
+    assert [(r["batch"], r["context"]) for r in v["rows"]] == [(2, 8)]
+    for r in v["rows"]:
+        assert r["predicted_s"] > 0 and r["measured_s"] > 0 and r["ops"] > 0
+        assert r["error"] == pytest.approx(r["predicted_s"] / r["measured_s"] - 1)
+    assert v["median_abs_error"] >= 0

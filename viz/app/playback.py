@@ -1,0 +1,211 @@
+"""The step player: transport buttons, a slider, and one panel per run, redrawn frame by frame.
+
+Every view that replays traces uses it (the tiny model's runs, a simulated card's runs). Its state
+lives in st.session_state under a prefix, so each view keeps its own place and speed. Playing
+redraws only the player (a fragment with a timer); a frame only looks things up in the players
+(viz/player.py), so it costs the same at step 3 of the seed story and at step 20,000 of a simulated run.
+"""
+
+from __future__ import annotations
+
+import base64
+import time
+
+import streamlit as st
+
+from viz.html import (
+    figures_html,
+    kv_legend,
+    kv_memory_html,
+    occupancy_legend,
+    queue_html,
+    replies_html,
+    token_budget_html,
+)
+from viz.player import Timeline, TracePlayer, decimals
+
+SPEEDS = [1, 2, 5, 10, 20, 50, 100]  # positions (steps, or ticks of the simulated clock) per second of playback
+FRAME_S = 0.2  # the shortest time between two frames
+
+
+class Transport:
+    """The player's state (position, playing, speed) in st.session_state, under a prefix per view."""
+
+    def __init__(self, prefix: str = "", position: int = 0, speed: int = 20):
+        self.prefix = prefix
+        defaults = {"step": position, "playing": False, "speed": speed, "tick_at": 0.0, "carry": 0.0}
+        for name, value in defaults.items():
+            st.session_state.setdefault(self.key(name), value)
+
+    def key(self, name: str) -> str:
+        return f"{self.prefix}{name}"
+
+    def __getattr__(self, name: str):
+        try:
+            return st.session_state[self.key(name)]
+        except KeyError:
+            raise AttributeError(name) from None
+
+    def set(self, **values) -> None:
+        for name, value in values.items():
+            st.session_state[self.key(name)] = value
+
+    def interval(self) -> float:
+        """Seconds between two frames: a frame per position, at most 1 / FRAME_S a second."""
+        return max(FRAME_S, 1 / self.speed)
+
+    def timer(self) -> float | None:
+        return self.interval() if self.playing else None
+
+    def due(self) -> int:
+        """Positions to advance now: by the clock, not per frame, so a slow machine plays at the same speed."""
+        now = time.perf_counter()
+        owed = min(now - self.tick_at, 1.0) * self.speed + self.carry  # a stalled tab does not jump ahead
+        steps = max(1, int(owed))
+        self.set(tick_at=now, carry=owed - steps)
+        return steps
+
+    def go_to(self, position: int) -> None:
+        self.set(step=position, playing=False)
+
+    def shift(self, delta: int, last: int) -> None:
+        self.go_to(min(max(self.step + delta, 0), last))
+
+    def toggle(self, last: int) -> None:
+        if not self.playing and self.step >= last:
+            self.set(step=0)  # play again from the start
+        self.set(playing=not self.playing, tick_at=time.perf_counter() - self.interval(), carry=0.0)
+
+
+def controls(transport: Transport, timeline: Timeline) -> None:
+    """Transport buttons (keyboard: Home, ←, Space, →), speed, and the position slider."""
+    last, key = timeline.last, transport.key
+    row = st.columns([1.4, 1.4, 2.2, 1.4, 2.2, 9], vertical_alignment="center")
+    icon = lambda name: f":material/{name}:"
+    row[0].button("", icon=icon("skip_previous"), key=key("restart"), on_click=transport.go_to, args=(0,),
+                  shortcut="Home")  # fmt: skip
+    row[1].button("", icon=icon("chevron_left"), key=key("back"), on_click=transport.shift, args=(-1, last),
+                  shortcut="Left")  # fmt: skip
+    label, symbol = ("pause", "pause") if transport.playing else ("play", "play_arrow")
+    row[2].button(label, icon=icon(symbol), key=key("play"), on_click=transport.toggle, args=(last,), shortcut="Space")
+    row[3].button("", icon=icon("chevron_right"), key=key("forward"), on_click=transport.shift, args=(1, last),
+                  shortcut="Right")  # fmt: skip
+    row[4].selectbox("speed", SPEEDS, key=key("speed"), format_func=timeline.speed_label, label_visibility="collapsed")
+    if last == 0:
+        return
+    if timeline.unit == "step":
+        row[5].slider("step", 0, last, key=key("step"), label_visibility="collapsed")
+    else:  # a slider in simulated seconds, kept in step with the position
+        digits = decimals(timeline.tick_s)  # (rounded, or the browser's copy differs in the last bit: a false "move")
+        st.session_state[key("seconds")] = round(timeline.seconds(transport.step), digits)
+
+        def seek() -> None:
+            transport.set(step=round(st.session_state[key("seconds")] / timeline.tick_s))
+
+        row[5].slider("time", 0.0, round(timeline.seconds(last), digits), step=timeline.tick_s, key=key("seconds"),
+                      format="%.1f s", on_change=seek, label_visibility="collapsed")  # fmt: skip
+
+
+def show_png(png: bytes, alt: str) -> None:
+    """Inline the picture in the page: st.image's media files can vanish mid-playback and show as broken."""
+    data = base64.b64encode(png).decode()
+    st.markdown(f'<img src="data:image/png;base64,{data}" alt="{alt}" style="width:100%">', unsafe_allow_html=True)
+
+
+def _num(value, fmt: str) -> str:
+    return "–" if value is None else format(value, fmt)
+
+
+TTFT_TIP = (
+    "Median time to first token of the requests that have arrived. A request still waiting for its first token "
+    "counts with its wait so far (a lower bound on its TTFT), so keeping people waiting does not look good."
+)
+
+
+def figures(player: TracePlayer, m: dict) -> str:
+    """The run's figures at this frame: tokens, seats busy now (the articles' figure) and so far, the queue,
+    TTFT p50 (waiting requests counted by their wait so far) and TPOT p50; in steps, or simulated seconds."""
+    still = f"{m['waiting_for_first_token']} still waiting" if m["waiting_for_first_token"] else ""
+    if player.simulated:
+        first = ("tokens/s so far", _num(m["tokens_per_s_so_far"], ",.0f"), "", "output tokens / simulated seconds")
+        tpot_ms = None if m["tpot_p50_s"] is None else 1000 * m["tpot_p50_s"]
+        ttft = ("TTFT p50, s", _num(m["ttft_p50_s"], ".2f"), still, TTFT_TIP)
+        tpot = ("TPOT p50, ms", _num(tpot_ms, ".0f"), "", "time per output token, finished requests")
+    else:
+        first = ("tokens this step", str(m["tokens"]), "", "output tokens produced in this step")
+        ttft = ("TTFT p50, steps", _num(m["ttft_p50_steps"], ".0f"), still, TTFT_TIP)
+        tpot = ("TPOT p50, steps", _num(m["tpot_p50_steps"], ".1f"), "", "steps per output token, finished requests")
+    return figures_html([
+        first,
+        ("busy now", f"{m['utilization_now']:.0%}", f"{m['busy_seats']} of {player.progress.slots} seats",
+         "seats that ran tokens in this step"),
+        ("busy so far", f"{m['utilization_so_far']:.0%}", "", "busy seat-steps / all seat-steps, up to this step"),
+        ("waiting", str(m["queue_length"]), "", "arrived, no seat yet"),
+        ttft,
+        tpot,
+    ])  # fmt: skip
+
+
+def panel(title: str, player: TracePlayer, step: int) -> None:
+    """One run at one step: figures, seats, the step's tokens, queue, KV memory, replies."""
+    frame = player.frame(step)
+    done = ""
+    if step >= player.last_step:
+        when = f"{player.end_s:.1f} s" if player.simulated else f"step {player.last_step}"
+        done = f" (finished at {when})"
+    st.subheader(f"{title}{done}")
+    st.markdown(figures(player, frame.metrics), unsafe_allow_html=True)
+    show_png(frame.occupancy_png, f"who sits in each seat, up to step {frame.step}")
+    st.markdown(token_budget_html(frame.tokens, player.budget, player.bar_tokens), unsafe_allow_html=True)
+    st.markdown(queue_html(frame.waiting, player.colors, frame.metrics["queue_length"]), unsafe_allow_html=True)
+    config = player.trace.config
+    if frame.kv_png is not None:
+        sharing = ""
+        if config.get("prefix_caching"):
+            sharing = (f"; {frame.shared_blocks} shared by several requests, {frame.kv['cached']} free blocks "
+                       "keep a cached prefix")  # fmt: skip
+        st.markdown(
+            f"**KV memory**: {frame.kv['stored'] + frame.kv['reserved']} of {frame.kv['total']} blocks in use "
+            f"({config['kv']}, {config['block_size']} tokens per block){sharing}"
+        )
+        show_png(frame.kv_png, f"KV blocks at step {frame.step}")
+        st.markdown(kv_legend(bool(config.get("prefix_caching"))), unsafe_allow_html=True)
+    else:
+        st.markdown(kv_memory_html(frame.kv, player.kv_block_bytes), unsafe_allow_html=True)
+    if frame.replies:
+        st.markdown(replies_html(frame.replies, frame.not_arrived), unsafe_allow_html=True)
+    else:
+        m, rejected = frame.metrics, player.progress.rejected
+        st.markdown(
+            f"**Requests**: {m['finished']} finished, {m['running']} running, {m['queue_length']} waiting, "
+            f"{frame.not_arrived} not arrived yet" + (f", {rejected} rejected" if rejected else "")
+        )
+
+
+def play(players: list[tuple[str, TracePlayer]], transport: Transport, headline=None) -> None:
+    """Draw the player; while playing, a timer redraws only this part of the page."""
+    timer = transport.timer()
+    st.fragment(_player, run_every=timer, key=transport.key("player"))(players, transport, timer, headline)
+
+
+def _player(players, transport: Transport, timer: float | None, headline) -> None:
+    timeline = Timeline.of([p for _, p in players])
+    if transport.timer() != timer:  # play / pause / speed changed: the fragment's timer is set by a full run
+        st.rerun(scope="app")
+    if transport.playing:
+        position = min(transport.step + transport.due(), timeline.last)
+        transport.set(step=position, playing=position < timeline.last)
+    transport.set(step=min(transport.step, timeline.last))
+    begin = time.perf_counter()
+    controls(transport, timeline)
+    playing = " · playing" if transport.playing else ""
+    frame_ms = st.session_state.get(transport.key("frame_ms"))
+    drawn = f" · last frame drawn in {frame_ms:.0f} ms" if frame_ms is not None else ""
+    st.caption(f"{timeline.label(transport.step)}{playing}{drawn}")
+    if headline:
+        headline(players)
+    st.markdown(occupancy_legend(any(p.has_stalled for _, p in players)), unsafe_allow_html=True)
+    for column, (title, player) in zip(st.columns(len(players)), players):
+        with column:
+            panel(title, player, timeline.step_of(player, transport.step))
+    transport.set(frame_ms=1000 * (time.perf_counter() - begin))

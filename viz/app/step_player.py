@@ -1,0 +1,262 @@
+"""The step player view: the tiny model serving a crowd, static beside continuous, step by step.
+
+The engine runs once per configuration (cached); playing only replays the recorded trace,
+so scrubbing back and forth is instant and every picture comes from the trace alone.
+"""
+
+from __future__ import annotations
+
+import importlib.util
+import io
+import json
+from pathlib import Path
+
+import streamlit as st
+import torch
+
+from minillm.checkpoint import load_model
+from minillm.errors import MinillmError
+from minillm.run import run_workload
+from minillm.scheduler import DEFAULT_TOKEN_BUDGET
+from minillm.trace import Trace, TraceError
+from minillm.workload import SEED_STORY_SLOTS, WORKLOADS, ChatKnobs
+from viz import plot_occupancy
+from viz.app.playback import Transport, play
+from viz.player import TracePlayer
+
+MY_SCHEDULER_FILE = Path(__file__).parent.parent / "lessons" / "exercises" / "lesson04_continuous.py"
+NOT_IMPLEMENTED = "my scheduler is not implemented yet: open lessons/04_continuous_batching.ipynb"
+SCHEDULES = {  # choice -> the schedulers shown, left to right
+    "static vs continuous": ["static", "continuous"],
+    "static": ["static"],
+    "continuous": ["continuous"],
+    "my scheduler": ["mine"],
+    "my scheduler vs continuous": ["mine", "continuous"],
+}
+TITLES = {"static": "static batching", "continuous": "continuous batching", "mine": "my scheduler"}
+RATES = [0.05, 0.1, 0.25, 0.5, 1.0, 2.0, 4.0, 1000.0]  # mean arrivals per step
+BUDGETS = [0, 8, 16, 32, 64, 128, 256, 512, 1024]  # tokens per step; 0: none
+WORKLOAD_HELP = (
+    "seed-story: the lessons' 8 users. system-prompt: users share long system prompts (try prefix caching). "
+    "long-prompts: some users paste long texts (try a small token budget)."
+)
+
+
+# --- running the engine (cached: it runs once per configuration) -------------------------------
+@st.cache_resource(show_spinner="Loading the model…")
+def cached_model(device: str):
+    # The tiny model's CPU ops are too small to split: a second thread mostly waits, and when anything else
+    # uses the cores it waits a lot (seed story: 1.8 s on one thread, 29-49 s on two, on a busy 2-core machine).
+    torch.set_num_threads(1)
+    return load_model(device=device)
+
+
+def my_scheduler_source() -> str:
+    return MY_SCHEDULER_FILE.read_text() if MY_SCHEDULER_FILE.is_file() else ""
+
+
+def load_my_scheduler():
+    """A fresh MyContinuousScheduler from the lesson's exercise file (ImportError if there is none yet)."""
+    if not MY_SCHEDULER_FILE.is_file():
+        raise ImportError(f"{MY_SCHEDULER_FILE} does not exist")
+    spec = importlib.util.spec_from_file_location("lesson04_continuous", MY_SCHEDULER_FILE)
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    if not hasattr(module, "MyContinuousScheduler"):
+        raise ImportError("lesson04_continuous.py defines no MyContinuousScheduler")
+    scheduler = module.MyContinuousScheduler()
+    if not hasattr(scheduler, "name"):
+        scheduler.name = "mine"
+    return scheduler
+
+
+@st.cache_data(max_entries=16, show_spinner=False)
+def cached_run(scheduler: str, source: str, device: str, settings: str) -> dict:
+    """One engine run as a trace dict. `source` (the student's file) is only a cache key: edits rerun it."""
+    policy = load_my_scheduler() if scheduler == "mine" else scheduler  # a name: run_workload applies the budget
+    settings = json.loads(settings)
+    workload, knobs = settings.pop("workload"), settings.pop("knobs")
+    knobs = ChatKnobs(**knobs) if knobs else None
+    return run_workload(cached_model(device), workload, policy, knobs=knobs, **settings).to_dict()
+
+
+@st.cache_resource(max_entries=8, show_spinner=False)  # a long contiguous trace is tens of MB
+def cached_trace(scheduler: str, source: str, device: str, settings: str) -> Trace:
+    """The run as a Trace object, shared (cache_resource): replaying never copies it."""
+    return Trace.from_dict(cached_run(scheduler, source, device, settings))
+
+
+@st.cache_resource(max_entries=8, show_spinner=False)
+def cached_player(_trace: Trace, run_key: str, width: int, axis_steps: int) -> TracePlayer:
+    return TracePlayer(_trace, width, axis_steps)
+
+
+def trace_for(scheduler: str, settings: dict, device: str) -> tuple[Trace, str]:
+    """The run's trace and its cache key (the student's file is part of the key: an edit reruns it)."""
+    source = my_scheduler_source() if scheduler == "mine" else ""
+    key = [scheduler, source, device, json.dumps(settings, sort_keys=True)]
+    with st.spinner(f"Running the engine: {TITLES[scheduler]} on {settings['workload']}…"):
+        return cached_trace(*key), json.dumps(key)
+
+
+@st.cache_resource(max_entries=2, show_spinner="Reading the trace…")
+def cached_upload(data: bytes) -> TracePlayer | str:
+    trace = load_uploaded_trace(data)
+    if isinstance(trace, str):
+        return trace
+    seconds = trace.steps[-1].time_s if trace.config.get("clock") == "simulated" else None
+    return TracePlayer(trace, 1200, axis_seconds=seconds)
+
+
+def load_uploaded_trace(data: bytes) -> Trace | str:
+    """A trace from an uploaded file, or the one-line reason it is not a valid minillm trace."""
+    try:
+        trace = Trace.loads(data)
+        TracePlayer(trace, 400).frame(0)  # valid on paper is not enough: it must also draw
+        return trace
+    except TraceError as e:
+        return str(e)
+    except (TypeError, ValueError, KeyError, IndexError, AttributeError) as e:
+        return f"invalid minillm trace: {type(e).__name__}: {e}"
+
+
+# --- the sidebar --------------------------------------------------------------------------------
+def sidebar() -> tuple[dict, str, str]:
+    """Settings of the run (the cache key), the device and which schedulers to show."""
+    bar = st.sidebar
+    bar.header("Workload")
+    workload = bar.selectbox("workload", WORKLOADS, key="workload", help=WORKLOAD_HELP)
+    knobs, seed = None, 0
+    if workload != "seed-story":
+        knobs = {
+            "requests": bar.slider("requests", 1, 128, 32, key="requests"),
+            "rate": bar.select_slider("arrivals per step", RATES, 0.5, key="rate", help="1000: all at once"),
+            "mean_reply": bar.slider("mean reply length (tokens)", 5, 300, 80, key="mean_reply"),
+            "spread": bar.slider("reply-length spread", 0.0, 1.0, 1.0, key="spread", help="0: all equal; 1: long tail"),
+        }
+        seed = bar.number_input("seed", 0, 10_000, 0, key="seed")
+    bar.header("Engine")
+    story = workload == "seed-story"
+    slots = bar.slider("seats", 1, 16, SEED_STORY_SLOTS if story else 8, key=f"slots-{story}")
+    budget = bar.select_slider(
+        "token budget (tokens per step)", BUDGETS, DEFAULT_TOKEN_BUDGET, key="token_budget",
+        format_func=lambda b: "none" if b == 0 else str(b),
+        help="decode rows first, then prompts in chunks; none: whole prompts in the step they are admitted",
+    )  # fmt: skip
+    kv = bar.radio("KV layout", ["paged", "contiguous"], horizontal=True, key="kv")
+    block_size = bar.select_slider("block size (tokens)", [4, 8, 16, 32, 64], 16, key="block_size")
+    num_blocks, prefix = None, False
+    if kv == "paged":
+        num_blocks = bar.number_input("KV blocks (0: as much memory as contiguous)", 0, 4096, 0, key="num_blocks")
+        prefix = bar.toggle("prefix caching", False, key="prefix_caching",
+                            help="requests whose prompts start alike share those KV blocks")  # fmt: skip
+    devices = ["cpu", "cuda"] if torch.cuda.is_available() else ["cpu"]
+    device = bar.radio("device", devices, horizontal=True, key="device") if len(devices) > 1 else "cpu"
+    bar.header("View")
+    schedule = bar.radio("scheduler", list(SCHEDULES), key="schedule")
+    settings = {"workload": workload, "knobs": knobs, "seed": int(seed), "slots": slots, "kv": kv}
+    settings |= {"block_size": block_size, "num_blocks": int(num_blocks) if num_blocks else None}
+    settings |= {"token_budget": budget, "prefix_caching": prefix}
+    return settings, device, schedule
+
+
+def remember_upload() -> None:
+    upload = st.session_state.get("upload")
+    st.session_state.upload_bytes = upload.getvalue() if upload is not None else None
+
+
+def exports(players: list[tuple[str, TracePlayer]]) -> None:
+    """Downloads are built only when clicked, and clicking does not rerun the app."""
+    bar = st.sidebar
+    bar.header("Save / load a trace")
+    for title, player in players:
+        trace, name = player.trace, f"minillm-{player.trace.config['workload']}-{title.replace(' ', '-')}"
+        bar.download_button(
+            f"⬇ trace JSON ({title})",
+            data=lambda t=trace: json.dumps(t.to_dict()),
+            file_name=f"{name}.json",
+            mime="application/json",
+            on_click="ignore",
+        )
+        bar.download_button(
+            f"⬇ occupancy PNG ({title})",
+            data=lambda t=trace: figure_png(plot_occupancy(t)),
+            file_name=f"{name}.png",
+            mime="image/png",
+            on_click="ignore",
+        )
+    bar.file_uploader("replay a saved trace (.json)", type=["json"], key="upload", on_change=remember_upload)
+
+
+def figure_png(fig) -> bytes:
+    buffer = io.BytesIO()
+    fig.savefig(buffer, format="png", dpi=150)
+    return buffer.getvalue()
+
+
+# --- the view -------------------------------------------------------------------------------------
+def comparison(players: list[tuple[str, TracePlayer]]) -> None:
+    """The headline of a side-by-side view, over the whole run."""
+    if len(players) != 2:
+        return
+    (a, pa), (b, pb) = players
+    ua, ub = pa.summary["slot_utilization"], pb.summary["slot_utilization"]
+    fa, fb = pa.summary["last_finish_step"], pb.summary["last_finish_step"]
+    sooner = "" if fa is None or fb is None else f": {abs(fa - fb)} steps {'sooner' if fb < fa else 'later'}"
+    st.success(
+        f"**Same requests, same model, same seats and KV cache; only the scheduler differs.**  \n"
+        f"Seats busy over the whole run: {a} **{ua:.0%}**, {b} **{ub:.0%}** ({(ub - ua) * 100:+.0f} points).  \n"
+        f"Last request finishes at step: {a} **{fa}**, {b} **{fb}**{sooner} for {b}."
+    )
+
+
+def uploaded_players() -> list[tuple[str, TracePlayer]]:
+    """The uploaded trace, if one is loaded; a bad file is reported and the live runs stay on screen."""
+    upload = st.session_state.upload_bytes
+    loaded = cached_upload(upload) if upload else None
+    if isinstance(loaded, str):
+        st.error(f"That file cannot be replayed: {loaded}")
+    if not isinstance(loaded, TracePlayer):
+        return []
+    config = loaded.trace.config
+    st.info(f"Replaying an uploaded trace ({config['scheduler']}, {config['workload']}); clear it in the sidebar.")
+    return [(f"uploaded: {config['scheduler']}", loaded)]
+
+
+def live_players(settings: dict, device: str, schedule: str) -> list[tuple[str, TracePlayer]]:
+    """Run (or fetch from the cache) each scheduler shown; failures become messages, not tracebacks."""
+    runs = []
+    for scheduler in SCHEDULES[schedule]:
+        try:
+            runs.append((TITLES[scheduler], *trace_for(scheduler, settings, device)))
+        except (NotImplementedError, ImportError):
+            st.info(NOT_IMPLEMENTED)
+        except MinillmError as e:
+            st.error(f"{TITLES[scheduler]}: {e}")
+        except Exception as e:  # the student's scheduler may fail in any way: say how, keep the app alive
+            st.error(f"{TITLES[scheduler]} failed: {type(e).__name__}: {e}")
+    width = 1200 if len(SCHEDULES[schedule]) == 1 else 700
+    axis_steps = max((len(trace.steps) for _, trace, _ in runs), default=0)  # one time axis for the runs shown
+    players = []
+    for title, trace, key in runs:
+        if trace.steps:
+            players.append((title, cached_player(trace, key, width, axis_steps)))
+        else:
+            st.warning(f"{title}: nothing to replay: every request was rejected (see the KV and seat settings).")
+    return players
+
+
+def show() -> None:
+    st.caption(
+        "Each column of the chart is one engine step: every seated user decodes one token (blue) or runs its prompt, "
+        "or a chunk of it (orange). Static batching keeps a finished request's seat until the whole batch is done; "
+        "continuous batching gives the seat to the next user at once."
+    )
+    start = st.query_params.get("step", "0")  # ?step=300 opens at that step: a link to a moment of the lesson
+    transport = Transport(position=int(start) if start.isdigit() else 0)
+    st.session_state.setdefault("upload_bytes", None)
+    settings, device, schedule = sidebar()
+    players = uploaded_players() or live_players(settings, device, schedule)
+    exports(players)
+    if players:
+        play(players, transport, headline=comparison)
