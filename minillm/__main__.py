@@ -1,4 +1,5 @@
-"""Command line: python -m minillm {generate, run, bench, train, eval, export} (see --help of each)."""
+"""Command line: python -m minillm {generate, train, eval, run, bench, whatif, calibrate, serve, load, export}
+(see --help of each)."""
 
 from __future__ import annotations
 

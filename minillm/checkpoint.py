@@ -20,7 +20,7 @@ from minillm.model import Transformer
 
 DEFAULT_CHECKPOINT = Path(__file__).parent / "weights" / "minillm.safetensors"
 STORAGE_DTYPE = torch.float16
-RETRAIN_HINT = "rebuild it with `python -m minillm train` (about 15 minutes on 2 CPU cores)"
+RETRAIN_HINT = "rebuild it with `python -m minillm train` (about 20 minutes on 2 CPU cores)"
 
 
 def resolve_device(name: str = "auto") -> torch.device:
