@@ -2,7 +2,7 @@
 
 Shared machines are noisy, so each figure is a median of repeats and each claim is a ratio
 of two figures measured in the same run. `python -m minillm bench --quick` takes about
-two minutes on 2 CPU cores; the full run about fifteen.
+two minutes on 2 CPU cores; the full run about seven.
 """
 
 from __future__ import annotations
@@ -15,6 +15,7 @@ from dataclasses import dataclass
 import torch
 
 from minillm.bench_scheduling import BENCHES as SCHEDULING_BENCHES
+from minillm.bench_server import bench_server
 from minillm.kv_cache import ContiguousKVCache, PagedKVCache
 from minillm.metrics import busy_seats, summarize
 from minillm.model import Transformer
@@ -179,14 +180,18 @@ def bench_two_by_two(model: Transformer, s: BenchSettings) -> dict:
     return {"budget_token_slots": 8 * model.cfg.max_seq_len, "rows": rows}
 
 
-BENCHES = {
-    "batching": bench_batching,
-    "paged_step": bench_paged_vs_contiguous_step,
-    "static_vs_continuous": bench_static_vs_continuous,
-    "memory": bench_memory,
-    "overhead": bench_overhead,
-    "two_by_two": bench_two_by_two,
-} | SCHEDULING_BENCHES
+BENCHES = (
+    {
+        "batching": bench_batching,
+        "paged_step": bench_paged_vs_contiguous_step,
+        "static_vs_continuous": bench_static_vs_continuous,
+        "memory": bench_memory,
+        "overhead": bench_overhead,
+        "two_by_two": bench_two_by_two,
+    }
+    | SCHEDULING_BENCHES
+    | {"server": bench_server}
+)
 
 
 def machine_description(device: torch.device) -> str:

@@ -171,4 +171,8 @@ def markdown(results: dict, command: str, plot_dir: str | None = None) -> str:
         ]
         img("two_by_two")
     lines += scheduling.markdown(results, img)
+    if "server" in results:
+        from minillm.bench_server import markdown as server_markdown
+
+        lines += server_markdown(results["server"])
     return "\n".join(lines)

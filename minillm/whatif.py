@@ -116,17 +116,9 @@ def count_decode_ops(model, batch: int, context: int, block_size: int = 16) -> i
     """Torch calls from Python in one paged decode step of `model` (counted, not timed): each pays the
     fixed cost per op that calibration measures. Attribute reads (.shape, .device) are free and not counted."""
     import torch
-    from torch.overrides import TorchFunctionMode
 
+    from minillm.calibrate import count_torch_calls
     from minillm.kv_cache import PagedKVCache
-
-    class Count(TorchFunctionMode):
-        calls = 0
-
-        def __torch_function__(self, func, types, args=(), kwargs=None):
-            if getattr(func, "__name__", "") != "__get__":
-                Count.calls += 1
-            return func(*args, **(kwargs or {}))
 
     device = next(model.parameters()).device
     cache = PagedKVCache(model.cfg, num_blocks=batch * -(-(context + 2) // block_size), block_size=block_size,
@@ -136,9 +128,7 @@ def count_decode_ops(model, batch: int, context: int, block_size: int = 16) -> i
         for seat in range(batch):
             model(prompt, cache.prepare([seat], context), cache, last_only=True)
         tokens = torch.randint(0, 256, (batch, 1), device=device)
-        with Count():
-            model(tokens, cache.prepare(list(range(batch)), 1), cache)
-    return Count.calls
+        return count_torch_calls(lambda: model(tokens, cache.prepare(list(range(batch)), 1), cache))
 
 
 def predict_tiny_decode(spec, device: Device, batch: int, context: int, ops: int, repeats: int, block_size=16):

@@ -89,6 +89,14 @@ def test_calibrate_writes_a_small_json_in_the_user_cache(cache_home):
     assert machine.bandwidth == result["bandwidth"] and machine.efficiency == 1.0
 
 
+def test_torch_calls_are_counted_views_and_methods_included():
+    import torch
+
+    x = torch.ones(4)
+    assert calibrate.count_torch_calls(lambda: torch.add(x, x).view(2, 2).sum()) == 3
+    assert calibrate.count_torch_calls(lambda: x.shape) == 0  # an attribute read is free
+
+
 def test_calibrate_command(capsys, cache_home, monkeypatch):
     monkeypatch.setitem(calibrate.DEFAULT_SIZES, "cpu", TINY_SIZES)
     code, out, _ = run_cli(capsys, "calibrate", "--device", "cpu")
