@@ -6,6 +6,7 @@ from dataclasses import replace
 import pytest
 
 from minillm import roofline
+from minillm.bench_scheduling import PUBLISHED_SINGLE_STREAM
 from minillm.errors import ConfigError
 from minillm.hardware import DEVICES, Device, get_device
 from minillm.modelspec import ModelSpec, load_spec
@@ -135,10 +136,9 @@ def test_unknown_gpu_lists_the_known_ones():
 
 
 # --- the published check: Llama-3-8B bf16, one stream, llama.cpp ------------------------------------
-# XiongjieDai/GPU-Benchmarks-on-LLM-Inference (README, LLaMA 3 table, May 2024): "8B F16", tg 512 (512
-# tokens generated from an empty context, so about 256 tokens of context on average): RTX 4090 54.84
-# tokens/s, RTX 3090 47.40. Llama-3-8B has Llama-3.1-8B's shapes (8,030,261,248 parameters).
-@pytest.mark.parametrize("gpu,reported", [("rtx-4090", 54.84), ("rtx-3090", 47.40)])
+# The figures and their source: bench_scheduling.PUBLISHED_SINGLE_STREAM (tg 512 from an empty context, so about
+# 256 tokens of context on average). Llama-3-8B has Llama-3.1-8B's shapes (8,030,261,248 parameters).
+@pytest.mark.parametrize("gpu,reported", PUBLISHED_SINGLE_STREAM.items())
 def test_single_stream_8b_stays_under_the_bandwidth_ceiling_near_the_reports(gpu, reported):
     spec, card = load_spec("llama-3.1-8b"), DEVICES[gpu]
     predicted = 1 / roofline.decode_cost(spec, card, batch=1, context=256).time_s
