@@ -29,7 +29,7 @@ if str(ROOT) not in sys.path:
 
 import torch  # noqa: E402 (after the path set-up above)
 
-from minillm.checkpoint import load_model  # noqa: E402
+from minillm.model.checkpoint import load_model  # noqa: E402
 
 FAST = os.environ.get("MINILLM_FAST", "1") == "1"  # 1 (default): small sizes; 0: fuller measurements
 THREADS = int(os.environ.get("MINILLM_THREADS", "1"))

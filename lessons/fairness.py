@@ -24,9 +24,9 @@ from dataclasses import dataclass
 import torch
 
 from minillm.config import EngineConfig, ModelConfig
-from minillm.engine import Engine
-from minillm.model import Transformer
-from minillm.request import Request
+from minillm.engine.engine import Engine
+from minillm.engine.request import Request
+from minillm.model.transformer import Transformer
 
 SEATS = 4
 SEEDS = (0, 1, 2, 3)

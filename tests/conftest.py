@@ -8,7 +8,7 @@ import pytest
 import torch
 
 from minillm.config import ModelConfig
-from minillm.model import Transformer
+from minillm.model.transformer import Transformer
 
 # Small shapes that still exercise every path: multi-head, grouped-query (2 and 4 query heads
 # per kv head) and multi-query attention.
@@ -41,7 +41,7 @@ def random_model(name: str, device: str = "cpu", seed: int = 0) -> Transformer:
 
 @pytest.fixture(scope="session")
 def shipped_model() -> Transformer:
-    from minillm.checkpoint import load_model
+    from minillm.model.checkpoint import load_model
 
     return load_model(device="cpu")
 

@@ -19,14 +19,15 @@ import torch
 from streamlit.testing.v1 import AppTest
 
 from app import live_flag
-from minillm import roofline
+from minillm.card import roofline
 from minillm.config import EngineConfig
-from minillm.engine import Engine
-from minillm.request import Request
-from minillm.scheduler import ContinuousScheduler
-from minillm.server import ServerThread, build_loop
-from minillm.trace import Trace
-from minillm.trace_window import window
+from minillm.engine.engine import Engine
+from minillm.engine.request import Request
+from minillm.engine.scheduler import ContinuousScheduler
+from minillm.engine.trace import Trace
+from minillm.runs import trace_file
+from minillm.serving.server import ServerThread, build_loop
+from minillm.serving.trace_window import window
 from tests.conftest import random_model
 from viz.app.live import DEFAULT_URL, ServerError, server_url
 from viz.app.step_player import NOT_IMPLEMENTED, load_uploaded_trace
@@ -196,7 +197,7 @@ def test_my_scheduler_is_loaded_fresh_from_the_exercise_file(tmp_path, monkeypat
     from viz.app import step_player as app
 
     mine = tmp_path / "lesson04_continuous.py"
-    mine.write_text("from minillm.scheduler import ContinuousScheduler as MyContinuousScheduler\n")
+    mine.write_text("from minillm.engine.scheduler import ContinuousScheduler as MyContinuousScheduler\n")
     monkeypatch.setattr(app, "MY_SCHEDULER_FILE", mine)
     assert isinstance(app.load_my_scheduler(), ContinuousScheduler)
     mine.write_text("x = 1\n")
@@ -212,7 +213,7 @@ def test_exports_are_a_trace_file_and_a_png(tiny_trace):
     from viz.app.step_player import figure_png
 
     assert figure_png(plot_occupancy(tiny_trace))[:4] == b"\x89PNG"
-    assert Trace.loads(json.dumps(tiny_trace.to_dict())).steps == tiny_trace.steps
+    assert trace_file.loads(json.dumps(tiny_trace.to_dict())).steps == tiny_trace.steps
 
 
 def test_token_budget_bar_and_shared_blocks_with_prefix_caching():
@@ -238,8 +239,8 @@ def test_what_if_prices_the_card_and_plays_a_simulated_crowd():
     at = open_app(view="what-if", **SMALL_CROWD)
     assert not at.exception and not at.error
     metrics = {m.label: m.value for m in at.metric}
-    from minillm.hardware import get_device
-    from minillm.modelspec import load_spec
+    from minillm.card.hardware import get_device
+    from minillm.card.modelspec import load_spec
 
     users = roofline.max_users(load_spec("llama-3.1-8b"), get_device("rtx-4090"), 4096)
     assert metrics["users that fit"] == str(users)
@@ -441,7 +442,7 @@ def server_reply(trace: Trace, now: int, last_steps: int, since_step: int | None
     steps = [s for s in steps if since_step is None or s.step > since_step]
     first = steps[0].step if steps else now + 1
     alive = [r for r in trace.requests if r.arrival_step <= now and (r.finish_step is None or r.finish_step >= first)]
-    return Trace.loads(json.dumps(window(trace.config, alive, steps, first).to_dict()))
+    return trace_file.loads(json.dumps(window(trace.config, alive, steps, first).to_dict()))
 
 
 def test_small_polls_merge_into_the_servers_own_window(crowd_trace):

@@ -4,7 +4,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from minillm.blocks import BlockAllocator, BlockPoolExhausted
+from minillm.engine.blocks import BlockAllocator, BlockPoolExhausted
 
 operations = st.lists(
     st.tuples(st.sampled_from(["allocate", "append", "free"]), st.integers(0, 5), st.integers(1, 40)),

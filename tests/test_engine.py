@@ -2,12 +2,12 @@
 
 import pytest
 
-from minillm.blocks import BlockAllocator
 from minillm.config import EngineConfig
-from minillm.engine import Engine, EngineError
-from minillm.generate import generate
-from minillm.request import Request
-from minillm.scheduler import ContinuousScheduler, StaticScheduler
+from minillm.engine.blocks import BlockAllocator
+from minillm.engine.engine import Engine, EngineError
+from minillm.engine.generate import generate
+from minillm.engine.request import Request
+from minillm.engine.scheduler import ContinuousScheduler, StaticScheduler
 from tests.conftest import random_model
 from tests.lessons.harness import crowd  # the same mixed crowd the lesson checks use
 

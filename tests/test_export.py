@@ -5,7 +5,7 @@ import json
 import torch
 from safetensors import safe_open
 
-from minillm.export import export_llama, import_llama
+from minillm.serving.export import export_llama, import_llama
 from tests.conftest import random_model
 
 

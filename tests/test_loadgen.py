@@ -13,10 +13,10 @@ from fastapi.responses import StreamingResponse
 
 from minillm.__main__ import main
 from minillm.errors import ConfigError
-from minillm.loadgen import Job, Outcome, jobs_from_workload, request_body, run_jobs, summarize_load
-from minillm.server import ServerThread, build_loop
-from minillm.tokenizer import encode_prompt
-from minillm.workload import ChatKnobs, make_workload
+from minillm.model.tokenizer import encode_prompt
+from minillm.runs.workload import ChatKnobs, make_workload
+from minillm.serving.loadgen import Job, Outcome, jobs_from_workload, request_body, run_jobs, summarize_load
+from minillm.serving.server import ServerThread, build_loop
 
 
 @pytest.mark.parametrize("name", ["chat", "system-prompt", "long-prompts"])

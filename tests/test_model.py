@@ -3,18 +3,18 @@
 import pytest
 import torch
 
-from minillm.attention import attend, reference_attention, visible_mask
 from minillm.config import ModelConfig
+from minillm.engine.generate import generate
+from minillm.engine.kv_cache import ContiguousKVCache
 from minillm.errors import ConfigError
-from minillm.generate import generate
-from minillm.kv_cache import ContiguousKVCache
+from minillm.model.attention import attend, reference_attention, visible_mask
 from tests.conftest import DEVICES, SMALL_CONFIGS, random_model
 
 PROMPTS = [[257, 5], [257, 99, 100, 101, 259], [257] + list(range(40, 90)), [257, 1, 2, 3, 4, 5, 6, 7]]
 
 
 def test_default_model_size_is_a_few_million_parameters():
-    from minillm.model import Transformer
+    from minillm.model.transformer import Transformer
 
     n = Transformer(ModelConfig()).num_parameters()
     assert 2_000_000 <= n <= 5_000_000

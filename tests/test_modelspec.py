@@ -4,9 +4,9 @@ import json
 
 import pytest
 
+from minillm.card.modelspec import MODELS_DIR, load_spec, shipped_models, spec_from_config
 from minillm.errors import ConfigError
-from minillm.export import llama_config
-from minillm.modelspec import MODELS_DIR, load_spec, shipped_models, spec_from_config
+from minillm.serving.export import llama_config
 
 # Published totals. Each checkpoint is bf16, so its model.safetensors.index.json total_size / 2 is the
 # parameter count; the Hugging Face API's safetensors.total and llama.cpp's general.parameter_count give

@@ -5,11 +5,11 @@ import random
 import pytest
 import torch
 
-from minillm.attention import paged_gather
-from minillm.blocks import BlockPoolExhausted
 from minillm.config import ModelConfig
-from minillm.generate import generate
-from minillm.kv_cache import ContiguousKVCache, PagedKVCache, kv_bytes_per_token, kv_waste, sequences_that_fit
+from minillm.engine.blocks import BlockPoolExhausted
+from minillm.engine.generate import generate
+from minillm.engine.kv_cache import ContiguousKVCache, PagedKVCache, kv_bytes_per_token, kv_waste, sequences_that_fit
+from minillm.model.attention import paged_gather
 from tests.conftest import DEVICES, random_model
 
 

@@ -5,11 +5,11 @@ from dataclasses import replace
 
 import pytest
 
-from minillm import roofline
-from minillm.bench_scheduling import PUBLISHED_SINGLE_STREAM
+from minillm.bench.scheduling import PUBLISHED_SINGLE_STREAM
+from minillm.card import roofline
+from minillm.card.hardware import DEVICES, Device, get_device
+from minillm.card.modelspec import ModelSpec, load_spec
 from minillm.errors import ConfigError
-from minillm.hardware import DEVICES, Device, get_device
-from minillm.modelspec import ModelSpec, load_spec
 
 # 2 layers, residual 8, MLP 16, 2 query heads sharing 1 kv head of 4, vocabulary 10, untied lm_head.
 TOY = ModelSpec("toy", hidden=8, intermediate=16, layers=2, heads=2, kv_heads=1, head_dim=4, vocab=10)
@@ -136,7 +136,7 @@ def test_unknown_gpu_lists_the_known_ones():
 
 
 # --- the published check: Llama-3-8B bf16, one stream, llama.cpp ------------------------------------
-# The figures and their source: bench_scheduling.PUBLISHED_SINGLE_STREAM (tg 512 from an empty context, so about
+# The figures and their source: bench/scheduling.py PUBLISHED_SINGLE_STREAM (tg 512 from an empty context, so about
 # 256 tokens of context on average). Llama-3-8B has Llama-3.1-8B's shapes (8,030,261,248 parameters).
 @pytest.mark.parametrize("gpu,reported", PUBLISHED_SINGLE_STREAM.items())
 def test_single_stream_8b_stays_under_the_bandwidth_ceiling_near_the_reports(gpu, reported):

@@ -12,14 +12,14 @@ import torch
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from minillm.blocks import BlockAllocator
 from minillm.config import EngineConfig
-from minillm.engine import Engine
-from minillm.generate import generate
-from minillm.kv_cache import ContiguousKVCache, PagedKVCache
-from minillm.metrics import summarize
-from minillm.request import Request
-from minillm.scheduler import ContinuousScheduler, StaticScheduler
+from minillm.engine.blocks import BlockAllocator
+from minillm.engine.engine import Engine
+from minillm.engine.generate import generate
+from minillm.engine.kv_cache import ContiguousKVCache, PagedKVCache
+from minillm.engine.request import Request
+from minillm.engine.scheduler import ContinuousScheduler, StaticScheduler
+from minillm.runs.metrics import summarize
 from tests.conftest import random_model as conftest_random_model
 from tests.lessons.harness import crowd
 

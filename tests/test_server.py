@@ -1,7 +1,7 @@
 """The HTTP server on loopback: OpenAI-shaped replies equal to the plain loop's, errors that name the problem,
 backpressure, hang-ups that free their seat and KV blocks at once, a bounded live trace, and a soak.
 
-Each server runs on a thread of this process (minillm.server.ServerThread) on a free port of 127.0.0.1.
+Each server runs on a thread of this process (minillm.serving.server.ServerThread) on a free port of 127.0.0.1.
 """
 
 from __future__ import annotations
@@ -14,18 +14,18 @@ import time
 import httpx
 import pytest
 
-from minillm import tasks
 from minillm.config import EngineConfig
-from minillm.engine import Engine
-from minillm.generate import generate
-from minillm.loadgen import Job, run_jobs
-from minillm.metrics import summarize
-from minillm.request import Request
-from minillm.scheduler import ContinuousScheduler
-from minillm.server import ServerThread, build_loop
-from minillm.token_stream import TokenStream
-from minillm.tokenizer import decode, encode_prompt
-from minillm.trace import Trace
+from minillm.engine.engine import Engine
+from minillm.engine.generate import generate
+from minillm.engine.request import Request
+from minillm.engine.scheduler import ContinuousScheduler
+from minillm.model.tokenizer import decode, encode_prompt
+from minillm.runs import trace_file
+from minillm.runs.metrics import summarize
+from minillm.serving.loadgen import Job, run_jobs
+from minillm.serving.server import ServerThread, build_loop
+from minillm.serving.token_stream import TokenStream
+from minillm.training import tasks
 
 LONG = {"ignore_eos": True, "max_tokens": 900}  # a reply that runs for seconds: long enough to hang up on
 
@@ -142,7 +142,7 @@ def test_models_health_and_metrics(server, client):
 
 def test_serve_on_a_taken_port_is_one_line(capsys):
     from minillm.__main__ import main
-    from minillm.server import bind
+    from minillm.serving.server import bind
 
     with bind("127.0.0.1", 0) as taken:
         taken.listen()
@@ -183,7 +183,7 @@ def test_a_prompt_that_never_fits_the_pool_is_refused_and_others_are_served(ship
     with ServerThread(build_loop(shipped_model, slots=2, num_blocks=4, block_size=4)) as small:
         refused = client.post(f"{small.url}/completions", json={"prompt": "count down from 12", "max_tokens": 4})
         served = client.post(f"{small.url}/completions", json={"prompt": "spell 1", "max_tokens": 2})
-        trace = Trace.loads(client.get(f"{small.base}/trace").content)
+        trace = trace_file.loads(client.get(f"{small.base}/trace").content)
     assert refused.status_code == 400 and "KV blocks but the whole pool has 4" in refused.json()["error"]["message"]
     assert served.status_code == 200 and served.json()["choices"][0]["text"]
     assert [r.finish_reason.split(":")[0] for r in trace.requests] == ["rejected", "length"]
@@ -222,7 +222,7 @@ def test_hanging_up_frees_the_seat_and_the_kv_blocks_by_the_next_step(shipped_mo
         assert now["minillm_kv_blocks_used"] == 0 and now["minillm_requests_waiting"] == 0
         c = client.post(f"{one_seat.url}/completions", json={"prompt": "spell 12"})
         assert c.status_code == 200
-        trace = Trace.loads(client.get(f"{one_seat.base}/trace").content)
+        trace = trace_file.loads(client.get(f"{one_seat.base}/trace").content)
     a_id, c_id = first["id"].removeprefix("cmpl-"), c.json()["id"].removeprefix("cmpl-")
     a_rec, b_rec = trace.request(a_id), next(r for r in trace.requests if r.id not in (a_id, c_id))
     assert a_rec.finish_reason == "aborted" and 0 < len(a_rec.output_ids) < 900
@@ -238,7 +238,7 @@ def test_a_client_that_stops_waiting_for_a_whole_reply_is_aborted_too(shipped_mo
         with pytest.raises(httpx.ReadTimeout):
             client.post(f"{one_seat.url}/completions", json={"prompt": "count down from 5"} | LONG, timeout=0.5)
         wait_for(lambda: gauges(client, one_seat.base)["minillm_requests_running"] == 0)
-        trace = Trace.loads(client.get(f"{one_seat.base}/trace").content)
+        trace = trace_file.loads(client.get(f"{one_seat.base}/trace").content)
     assert trace.requests[0].finish_reason == "aborted" and len(trace.requests[0].output_ids) < 900
 
 
@@ -247,12 +247,12 @@ def test_the_live_trace_keeps_a_bounded_window_that_metrics_read(shipped_model, 
         for n in (20, 15, 12):
             client.post(f"{short.url}/completions", json={"prompt": f"count down from {n}"})
         data = client.get(f"{short.base}/trace").json()
-        last = Trace.loads(client.get(f"{short.base}/trace", params={"last_steps": 3}).content)
+        last = trace_file.loads(client.get(f"{short.base}/trace", params={"last_steps": 3}).content)
         first = data["config"]["first_step"]
-        since = Trace.loads(client.get(f"{short.base}/trace", params={"since_step": first + 4}).content)
+        since = trace_file.loads(client.get(f"{short.base}/trace", params={"since_step": first + 4}).content)
         bad = client.get(f"{short.base}/trace", params={"last_steps": 0})
         kept = short.loop.ask(lambda engine: len(engine.requests)).result(10)
-    trace = Trace.from_dict(data)
+    trace = trace_file.from_dict(data)
     assert 10 <= len(trace.steps) <= 20 and trace.config["first_step"] > 0  # older steps were forgotten
     assert [s.step for s in trace.steps] == list(range(len(trace.steps)))  # renumbered from 0
     assert summarize(trace)["output_tokens"] == sum(s.tokens for s in trace.steps)
@@ -314,7 +314,7 @@ def test_soak_500_streams_from_64_clients_with_hang_ups(shipped_model):
         wait_for(lambda: gauges(client, soak.base)["minillm_requests_running"] == 0)
         end = gauges(client, soak.base)
         health = client.get(f"{soak.base}/health")
-        trace = Trace.loads(client.get(f"{soak.base}/trace").content)
+        trace = trace_file.loads(client.get(f"{soak.base}/trace").content)
     replies = offline_replies(shipped_model, {(j.prompt, j.preamble) for j in jobs}, SOAK_MAX_TOKENS)
     hung_up = [o for o in outcomes if o.hung_up]
     assert not [o.error for o in outcomes if o.error]

@@ -3,11 +3,11 @@ with or without a preamble (a system prompt it ignores) before them."""
 
 import pytest
 
-from minillm import tasks
-from minillm.checkpoint import DEFAULT_CHECKPOINT, checkpoint_info
-from minillm.generate import generate
-from minillm.tokenizer import decode, encode_prompt
-from minillm.train import evaluate
+from minillm.engine.generate import generate
+from minillm.model.checkpoint import DEFAULT_CHECKPOINT, checkpoint_info
+from minillm.model.tokenizer import decode, encode_prompt
+from minillm.training import tasks
+from minillm.training.train import evaluate
 
 
 def test_checkpoint_is_small_safetensors_with_its_config_inside():

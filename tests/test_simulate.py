@@ -6,17 +6,17 @@ import tokenize
 
 import pytest
 
-import minillm.engine
-import minillm.scheduler
+import minillm.engine.engine
+import minillm.engine.scheduler
 from minillm.__main__ import main
-from minillm.hardware import get_device
-from minillm.metrics import per_request, summarize
-from minillm.modelspec import load_spec
-from minillm.roofline import decode_cost, kv_blocks, weight_bytes
-from minillm.run import run_workload
-from minillm.simulate import SimulatedRunner
-from minillm.trace import Trace
-from minillm.workload import AZURE, ChatKnobs, azure
+from minillm.card.hardware import get_device
+from minillm.card.modelspec import load_spec
+from minillm.card.roofline import decode_cost, kv_blocks, weight_bytes
+from minillm.card.simulate import SimulatedRunner
+from minillm.runs import trace_file
+from minillm.runs.metrics import per_request, summarize
+from minillm.runs.run import run_workload
+from minillm.runs.workload import AZURE, ChatKnobs, azure
 
 
 def simulate(workload="azure-conv", gpu="rtx-4090", model="llama-3.1-8b", requests=60, rate_per_s=4.0, **kw):
@@ -72,7 +72,7 @@ def test_a_simulated_trace_round_trips_and_stays_small(tmp_path):
     trace.save(tmp_path / "sim.json")
     size = (tmp_path / "sim.json").stat().st_size
     assert size < 100 * 50e6 / 2000, f"{size} bytes for 100 requests: 2000 would pass 50 MB"
-    again = Trace.load(tmp_path / "sim.json")
+    again = trace_file.load(tmp_path / "sim.json")
     assert summarize(again) == summarize(trace)
 
 
@@ -85,7 +85,7 @@ def test_azure_lengths_follow_the_published_quantiles():
 
 
 def test_the_engine_and_schedulers_never_ask_whether_they_are_simulated():
-    for module in (minillm.engine, minillm.scheduler):
+    for module in (minillm.engine.engine, minillm.engine.scheduler):
         source = io.StringIO(inspect.getsource(module))
         names = [t.string.lower() for t in tokenize.generate_tokens(source.readline) if t.type == tokenize.NAME]
         assert not [n for n in names if "simulat" in n or "virtual" in n], f"{module.__name__} knows it is simulated"

@@ -5,7 +5,7 @@ import random
 import pytest
 import torch
 
-from minillm import tasks
+from minillm.training import tasks
 
 
 @pytest.mark.parametrize("task", list(tasks.TASKS))
@@ -97,8 +97,8 @@ def test_drawn_preambles_always_leave_room_for_the_reply(kind):
 
 def test_packed_rows_compute_each_exchange_exactly_as_alone():
     """Training packs exchanges after one shared preamble; the mask must make each one see what it would alone."""
-    from minillm.tokenizer import EOS, PAD, SEP
-    from minillm.train import IGNORE, PackedRows, TrainConfig, packed_batches
+    from minillm.model.tokenizer import EOS, PAD, SEP
+    from minillm.training.train import IGNORE, PackedRows, TrainConfig, packed_batches
     from tests.conftest import random_model
 
     model = random_model("gqa")  # context 256: two rows of 256 tokens

@@ -1,7 +1,7 @@
 from hypothesis import given
 from hypothesis import strategies as st
 
-from minillm import tokenizer
+from minillm.model import tokenizer
 
 
 @given(st.text())

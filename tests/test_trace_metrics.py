@@ -8,13 +8,13 @@ import pytest
 import torch
 
 from minillm.config import EngineConfig
-from minillm.engine import Engine
-from minillm.metrics import per_request, summarize
-from minillm.model import Transformer
-from minillm.request import Request
-from minillm.scheduler import ContinuousScheduler, StaticScheduler
-from minillm.trace import Trace, TraceError
-from minillm.workload import SEED_STORY, SEED_STORY_SLOTS, ChatKnobs, chat, seed_story
+from minillm.engine.engine import Engine
+from minillm.engine.request import Request
+from minillm.engine.scheduler import ContinuousScheduler, StaticScheduler
+from minillm.model.transformer import Transformer
+from minillm.runs import trace_file
+from minillm.runs.metrics import per_request, summarize
+from minillm.runs.workload import SEED_STORY, SEED_STORY_SLOTS, ChatKnobs, chat, seed_story
 from tests.conftest import SMALL_CONFIGS, random_model
 from viz.replies import tokens_produced
 
@@ -62,7 +62,7 @@ def test_seed_story_metrics(story_traces):
 def test_trace_round_trips_through_json(story_traces, tmp_path):
     trace = story_traces["continuous"]
     trace.save(tmp_path / "t.json")
-    again = Trace.load(tmp_path / "t.json")
+    again = trace_file.load(tmp_path / "t.json")
     assert again.to_dict() == json.loads(json.dumps(trace.to_dict()))
     assert summarize(again) == summarize(trace)
 
@@ -84,14 +84,14 @@ def test_trace_round_trips_through_json(story_traces, tmp_path):
 def test_malformed_traces_are_a_clear_error(story_traces, mutate, needle):
     data = json.loads(json.dumps(story_traces["static"].to_dict()))
     mutate(data)
-    with pytest.raises(TraceError, match=needle):
-        Trace.from_dict(data)
+    with pytest.raises(trace_file.TraceError, match=needle):
+        trace_file.from_dict(data)
 
 
 @pytest.mark.parametrize("text", [b"not json", b"[1, 2]", b"\xff\xfe"])
 def test_garbage_is_a_clear_error(text):
-    with pytest.raises(TraceError, match="not a JSON file|top level"):
-        Trace.loads(text)
+    with pytest.raises(trace_file.TraceError, match="not a JSON file|top level"):
+        trace_file.loads(text)
 
 
 def test_chat_workload_is_seeded_and_has_a_long_tail():
@@ -102,7 +102,7 @@ def test_chat_workload_is_seeded_and_has_a_long_tail():
     assert arrivals == sorted(arrivals) and 60 <= arrivals[-1] <= 140  # about requests / rate steps
     everyone_at_once = chat(ChatKnobs(requests=10, rate=10), seed=0)
     assert {r.arrival_step for r in everyone_at_once} == {0}
-    from minillm import tasks
+    from minillm.training import tasks
 
     lengths = sorted(len(tasks.solve(r.prompt)) for r in a)
     assert lengths[len(lengths) // 2] < 80 < lengths[-1] > 250  # median below the mean: a long tail
@@ -123,7 +123,7 @@ def test_version_1_files_still_load():
     path = Path(__file__).parent / "data" / "trace_v1.json"
     raw = json.loads(path.read_text())
     assert raw["version"] == 1
-    trace = Trace.load(path)
+    trace = trace_file.load(path)
     for old, new in zip(raw["steps"], trace.steps):
         assert [s and (s["id"], s["state"]) for s in old["slots"]] == [s and (s["id"], s["state"]) for s in new.slots]
         assert new.num_waiting == len(old["waiting"])

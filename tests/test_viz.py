@@ -5,18 +5,18 @@ import numpy as np
 import pytest
 import torch
 
-from minillm import roofline, whatif
+from minillm.card import roofline, whatif
+from minillm.card.hardware import get_device
+from minillm.card.modelspec import load_spec
+from minillm.card.simulate import SimulatedRunner
 from minillm.config import EngineConfig
-from minillm.engine import Engine
-from minillm.hardware import get_device
-from minillm.metrics import summarize, utilization_now
-from minillm.modelspec import load_spec
-from minillm.request import Request
-from minillm.run import run_workload
-from minillm.scheduler import ContinuousScheduler, StaticScheduler
-from minillm.simulate import SimulatedRunner
-from minillm.tokenizer import BOS, SEP, decode
-from minillm.workload import ChatKnobs
+from minillm.engine.engine import Engine
+from minillm.engine.request import Request
+from minillm.engine.scheduler import ContinuousScheduler, StaticScheduler
+from minillm.model.tokenizer import BOS, SEP, decode
+from minillm.runs.metrics import summarize, utilization_now
+from minillm.runs.run import run_workload
+from minillm.runs.workload import ChatKnobs
 from tests.conftest import random_model
 from viz import (
     RunProgress,

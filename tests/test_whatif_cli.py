@@ -4,10 +4,10 @@ import json
 
 import pytest
 
-from minillm import calibrate
 from minillm.__main__ import main
-from minillm.calibrate import Sizes
-from minillm.hardware import this_machine
+from minillm.card import calibrate
+from minillm.card.calibrate import Sizes
+from minillm.card.hardware import this_machine
 
 TINY_SIZES = Sizes(copy_mib=1, matmul_n=32, tiny_ops=20, repeats=2)
 
@@ -115,7 +115,7 @@ def test_whatif_on_this_machine_reads_the_calibration(capsys, cache_home):
 
 
 def test_validate_reports_rows_and_the_median_error(cache_home):
-    from minillm.whatif import validate
+    from minillm.card.whatif import validate
 
     v = validate("cpu", batches=(2,), contexts=(8,), repeats=2, rounds=1, progress=False, sizes=TINY_SIZES)
     assert [(r["batch"], r["context"]) for r in v["rows"]] == [(2, 8)]

@@ -12,7 +12,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from minillm.trace import StepRecord, Trace
+from minillm.engine.trace import StepRecord, Trace
 from viz.colors import DECODE, PREFILL
 from viz.seats import SeatTable, seat_table
 

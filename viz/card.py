@@ -11,9 +11,9 @@ import numpy as np
 from matplotlib.figure import Figure
 from matplotlib.ticker import NullFormatter
 
-from minillm import roofline
-from minillm.hardware import Device
-from minillm.modelspec import ModelSpec
+from minillm.card import roofline
+from minillm.card.hardware import Device
+from minillm.card.modelspec import ModelSpec
 
 GiB = 2**30
 BLOCK = 16  # tokens per KV block, roofline's default: users are counted in whole blocks

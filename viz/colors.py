@@ -6,7 +6,7 @@ import numpy as np
 from matplotlib import colormaps
 from matplotlib.colors import to_hex, to_rgb
 
-from minillm.trace import Trace
+from minillm.engine.trace import Trace
 
 # Codes used by the occupancy grid (0 empty, 1 prefill, 2 decode, 3 held, 5 stalled) plus 4 for steps not yet played.
 EMPTY, PREFILL, DECODE, HELD, FUTURE, STALLED = 0, 1, 2, 3, 4, 5

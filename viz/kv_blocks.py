@@ -20,10 +20,10 @@ from matplotlib.figure import Figure
 from matplotlib.patches import Patch
 from PIL import Image, ImageDraw
 
+from minillm.card.modelspec import load_spec
+from minillm.card.roofline import kv_bytes_per_token
+from minillm.engine.trace import Trace
 from minillm.errors import MinillmError
-from minillm.modelspec import load_spec
-from minillm.roofline import kv_bytes_per_token
-from minillm.trace import Trace
 from viz.colors import CACHED_FREE_BLOCK, FREE_BLOCK, request_colors, rgb255
 from viz.raster import font
 

@@ -8,7 +8,7 @@ after the newest one it has (`?since_step=K`), and LiveWindow merges each reply 
     reply: a trace window (steps renumbered from 0, config["first_step"] = the real number of its step 0)
       -> its steps and requests put back on the server's step numbers
       -> steps appended (beyond the last `keep`, the oldest go, and the requests only they concerned)
-      -> trace(): the kept steps as a window again (minillm/trace_window.py), read like any trace
+      -> trace(): the kept steps as a window again (minillm/serving/trace_window.py), read like any trace
 
 However long the workshop runs, it holds `keep` steps and the requests alive in them: memory stays bounded.
 """
@@ -23,10 +23,10 @@ from dataclasses import replace
 from matplotlib import colormaps
 from matplotlib.colors import to_hex
 
-from minillm.metrics import busy_seats, inter_token_gaps, percentiles, slot_utilization
-from minillm.tokenizer import decode
-from minillm.trace import RequestRecord, StepRecord, Trace
-from minillm.trace_window import window
+from minillm.engine.trace import RequestRecord, StepRecord, Trace
+from minillm.model.tokenizer import decode
+from minillm.runs.metrics import busy_seats, inter_token_gaps, percentiles, slot_utilization
+from minillm.serving.trace_window import window
 from viz.player import Reply, TracePlayer
 
 STEP_FIELDS = ("arrival_step", "admit_step", "first_token_step", "finish_step")

@@ -16,9 +16,9 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from minillm.metrics import summarize
-from minillm.tokenizer import decode
-from minillm.trace import Trace
+from minillm.engine.trace import Trace
+from minillm.model.tokenizer import decode
+from minillm.runs.metrics import summarize
 from viz.budget import TokenSplit, bar_scale, token_budget, token_splits
 from viz.colors import STALLED, request_colors
 from viz.kv_blocks import blocks_per_row, kv_block_bytes, kv_block_refs, kv_blocks_rgb, kv_memory

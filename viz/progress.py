@@ -19,8 +19,8 @@ from __future__ import annotations
 
 import numpy as np
 
-from minillm.metrics import per_request
-from minillm.trace import Trace
+from minillm.engine.trace import Trace
+from minillm.runs.metrics import per_request
 from viz.colors import STALLED
 from viz.seats import SeatTable, seat_table
 

@@ -14,7 +14,7 @@ import matplotlib
 import numpy as np
 from PIL import Image, ImageDraw, ImageFont
 
-from minillm.trace import Trace
+from minillm.engine.trace import Trace
 from viz.colors import EMPTY, FUTURE, STATE_RGB
 from viz.occupancy import seat_runs
 from viz.seats import SeatTable, seat_grids, seat_table

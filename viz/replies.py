@@ -10,8 +10,8 @@ from __future__ import annotations
 
 import numpy as np
 
-from minillm.tokenizer import decode
-from minillm.trace import Trace
+from minillm.engine.trace import Trace
+from minillm.model.tokenizer import decode
 from viz.seats import SeatTable, seat_table
 
 

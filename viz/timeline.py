@@ -5,8 +5,8 @@ from __future__ import annotations
 import numpy as np
 from matplotlib.figure import Figure
 
-from minillm.metrics import busy_seats
-from minillm.trace import Trace
+from minillm.engine.trace import Trace
+from minillm.runs.metrics import busy_seats
 
 
 def running_utilization(trace: Trace) -> np.ndarray:

@@ -4,8 +4,8 @@ from __future__ import annotations
 
 import torch
 
-from minillm.model import Transformer
-from minillm.tokenizer import EOS, PAD  # noqa: F401 (you will need them)
+from minillm.model.tokenizer import EOS, PAD  # noqa: F401 (you will need them)
+from minillm.model.transformer import Transformer
 
 
 @torch.no_grad()

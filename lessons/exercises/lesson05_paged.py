@@ -25,7 +25,7 @@ class MyBlockAllocator:
     def append(self, seq: int, num_new: int = 1) -> list[int]:
         """Grow `seq` (new or existing) by num_new tokens, taking new blocks from the free list only
         when the tokens cross into a block the sequence does not have yet. Returns the new blocks.
-        If not enough blocks are free, raise BlockPoolExhausted (from minillm.blocks) and change nothing."""
+        If not enough blocks are free, raise BlockPoolExhausted (from minillm.engine.blocks) and change nothing."""
         raise NotImplementedError("lesson 05: give a sequence blocks as its tokens cross block boundaries")
 
     def free(self, seq: int) -> None:

@@ -2,8 +2,8 @@
 
 from __future__ import annotations
 
-from minillm.request import Request
-from minillm.scheduler import KVSpace, Plan  # only these two: the plan is yours to write
+from minillm.engine.request import Request
+from minillm.engine.scheduler import KVSpace, Plan  # only these two: the plan is yours to write
 
 
 def plan_step(

@@ -2,14 +2,14 @@
 
 from __future__ import annotations
 
-from minillm.blocks import BlockAllocator  # lesson 05's allocator: append, free, ref counts, tables (given)
+from minillm.engine.blocks import BlockAllocator  # lesson 05's allocator: append, free, ref counts, tables (given)
 
 
 class MyPrefixAllocator(BlockAllocator):
     """The block allocator with prefix caching: full blocks get a key, and a newcomer whose prompt starts
     with the same tokens takes the cached blocks instead of computing them again.
 
-    What you inherit (minillm/blocks.py, lesson 05), and may use:
+    What you inherit (minillm/engine/blocks.py, lesson 05), and may use:
       self.block_size, self.tables[seq] (its blocks, in token order), self.ref_counts[block] (how many
       tables hold it), self.append(seq, n) (which calls your _take_free for every new block), self.free(seq)
       (a block nobody holds any more goes to the END of self.free_blocks, a sequence's last block first).

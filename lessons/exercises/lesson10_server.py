@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from minillm.engine import Engine
+from minillm.engine.engine import Engine
 
 
 def abort(engine: Engine, request_id: str, reason: str = "aborted") -> bool:
@@ -15,7 +15,7 @@ def abort(engine: Engine, request_id: str, reason: str = "aborted") -> bool:
                          middle of its prompt (a long prompt is prefilled in chunks) or of its reply
     Take it out of that place; if it had a seat, free its KV blocks (engine.cache.free(seat)) and the
     seat (engine.seats[seat] = None), so the next step can give both to somebody else.
-    Then mark it finished: r.state = State.FINISHED (from minillm.request), r.finish_reason = reason,
+    Then mark it finished: r.state = State.FINISHED (from minillm.engine.request), r.finish_reason = reason,
     r.finish_step = engine.step_no, r.finish_s = engine.clock.now().
 
     Find the request in engine.requests (everything submitted). Return True if you aborted it; False if

@@ -11,8 +11,8 @@ import functools
 import pytest
 import torch
 
-from minillm.generate import generate
-from minillm.tokenizer import EOS, PAD, decode, encode_prompt, token_str
+from minillm.engine.generate import generate
+from minillm.model.tokenizer import EOS, PAD, decode, encode_prompt, token_str
 from tests.lessons.harness import CHECKS, implementations, shipped_model, small_model, stub, student_module
 
 lesson = pytest.mark.lesson01  # your code's checks: pytest -m lesson01

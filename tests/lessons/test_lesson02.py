@@ -12,7 +12,7 @@ from types import SimpleNamespace
 import pytest
 import torch
 
-from minillm.attention import attend, reference_attention, visible_mask
+from minillm.model.attention import attend, reference_attention, visible_mask
 from tests.lessons.harness import CHECKS, implementations, small_model, stub, student_module
 
 lesson = pytest.mark.lesson02  # your code's checks: pytest -m lesson02

@@ -9,8 +9,8 @@ from __future__ import annotations
 
 import pytest
 
-from minillm.request import Request
-from minillm.scheduler import KVSpace, Plan, StaticScheduler
+from minillm.engine.request import Request
+from minillm.engine.scheduler import KVSpace, Plan, StaticScheduler
 from tests.lessons.harness import (
     CHECKS,
     Decision,

@@ -14,9 +14,9 @@ from types import SimpleNamespace
 import pytest
 import torch
 
-from minillm.attention import attend, paged_gather, visible_mask
-from minillm.blocks import BlockAllocator, BlockPoolExhausted
-from minillm.kv_cache import slot_mapping as tensor_slot_mapping
+from minillm.engine.blocks import BlockAllocator, BlockPoolExhausted
+from minillm.engine.kv_cache import slot_mapping as tensor_slot_mapping
+from minillm.model.attention import attend, paged_gather, visible_mask
 from tests.lessons.harness import (
     CHECKS,
     crowd,
@@ -86,7 +86,7 @@ def assert_exhausted(alloc, seq: int, n: int, why: str) -> None:
     except NotImplementedError:
         raise
     except Exception as e:
-        raise AssertionError(f"{why}: expected BlockPoolExhausted (from minillm.blocks), got {e!r}") from e
+        raise AssertionError(f"{why}: expected BlockPoolExhausted (from minillm.engine.blocks), got {e!r}") from e
     else:
         raise AssertionError(f"{why}: append({seq}, {n}) must raise BlockPoolExhausted")
     assert snapshot(alloc) == before, (

@@ -1,6 +1,6 @@
 """Lesson 06: latency from a trace, and a scheduling decision. Run: pytest -m lesson06
 
-Part 1: your ttft_tpot must agree with minillm.metrics.per_request on a real trace: the shipped model
+Part 1: your ttft_tpot must agree with minillm.runs.metrics.per_request on a real trace: the shipped model
 serving a small crowd on a KV pool so small that requests are preempted (so TPOT is not always 1),
 with long replies, replies that end on EOS or on their length limit, a one-token reply plus EOS, a
 rejected request and one still running when the trace ends.
@@ -18,12 +18,12 @@ import pytest
 
 from lessons import fairness
 from minillm.config import EngineConfig
-from minillm.engine import Engine
-from minillm.metrics import per_request
-from minillm.request import Request
-from minillm.scheduler import ContinuousScheduler, KVSpace, Plan
-from minillm.tokenizer import encode_prompt
-from minillm.trace import Trace
+from minillm.engine.engine import Engine
+from minillm.engine.request import Request
+from minillm.engine.scheduler import ContinuousScheduler, KVSpace, Plan
+from minillm.engine.trace import Trace
+from minillm.model.tokenizer import encode_prompt
+from minillm.runs.metrics import per_request
 from tests.lessons.harness import (
     CHECKS,
     assert_writes_its_own_policy,

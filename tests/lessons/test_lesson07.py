@@ -1,12 +1,12 @@
 """Lesson 07: the roofline and the KV ceiling, on plain numbers. Run: pytest -m lesson07
 
 Your kv_bytes_per_token, decode_step_time and max_users must give the answer's numbers on every shipped model
-(minillm/models/) and every card of minillm/hardware.py, as their datasheets print them (three of them
+(minillm/card/models/) and every card of minillm/card/hardware.py, as their datasheets print them (three of them
 headline a "with sparsity" figure), at batches from 1 to 2048, contexts from 16 to 128k tokens, bf16, fp8
 and int4 weights, bf16 and fp8 KV. When yours differ, the check names the first case, the answer's own
 arithmetic for it, and the mistake that gives your number when it knows one (KNOWN_MISTAKES).
 
-The answer is the ideal roofline, the lesson's formula; the full suite also holds it against minillm.roofline,
+The answer is the ideal roofline, the lesson's formula; the full suite also holds it against minillm.card.roofline,
 which adds the small terms (activations, attention FLOPs, the activation reserve, whole KV blocks).
 """
 
@@ -19,9 +19,9 @@ from types import SimpleNamespace
 
 import pytest
 
-from minillm import roofline
-from minillm.hardware import DEVICES
-from minillm.modelspec import ModelSpec, load_spec, shipped_models
+from minillm.card import roofline
+from minillm.card.hardware import DEVICES
+from minillm.card.modelspec import ModelSpec, load_spec, shipped_models
 from tests.lessons.harness import CHECKS, implementations, stub, student_module
 
 lesson = pytest.mark.lesson07  # your code's checks: pytest -m lesson07
@@ -286,7 +286,7 @@ def test_the_answer_by_hand():
 
 @CHECKS
 def test_the_answer_agrees_with_minillm_roofline():
-    """minillm.roofline at 100% of the datasheet and no launch cost, minus its small terms: KV per token exactly;
+    """minillm.card.roofline at 100% of the datasheet and no launch cost, minus its small terms: KV per token exactly;
     the step time of the 7-8B and 70B models within 15% (the embedding table is looked up, not streamed;
     activations; attention FLOPs); users within 10% (the activation reserve, whole blocks of 16 tokens)."""
     key = answer()

@@ -12,8 +12,8 @@ import math
 
 import pytest
 
-from minillm.request import Request, State
-from minillm.scheduler import admit_in_order, decode_first, share_budget
+from minillm.engine.request import Request, State
+from minillm.engine.scheduler import admit_in_order, decode_first, share_budget
 from tests.lessons.harness import (
     CHECKS,
     assert_served_everyone,
@@ -42,7 +42,7 @@ class Plenty:
 
 
 def reference_plan(running, waiting, free_seats, budget):
-    """The reference policy's plan (minillm/scheduler.py's ContinuousScheduler when memory is plentiful)."""
+    """The reference policy's plan (minillm/engine/scheduler.py's ContinuousScheduler when memory is plentiful)."""
     tokens = share_budget([(r, r.num_pending) for r in decode_first(running)], budget)
     left = math.inf if budget is None else budget - sum(tokens.values())
     admitted, first_chunks = admit_in_order(waiting, free_seats, Plenty.free_blocks, left, Plenty())
@@ -235,7 +235,7 @@ class Planner:
         self.plan_step, self.token_budget, self.step = plan_step, token_budget, 0
 
     def schedule(self, waiting, seats, kv):
-        from minillm.scheduler import Plan
+        from minillm.engine.scheduler import Plan
 
         running = [r for r in seats if r is not None]
         situation = dict(running=running, waiting=list(waiting), free_seats=seats.count(None), budget=self.token_budget)

@@ -16,11 +16,11 @@ from pathlib import Path
 
 import pytest
 
-from minillm.blocks import BlockAllocator, BlockPoolExhausted, block_key
 from minillm.config import EngineConfig
-from minillm.engine import Engine
-from minillm.request import Request
-from minillm.scheduler import ContinuousScheduler
+from minillm.engine.blocks import BlockAllocator, BlockPoolExhausted, block_key
+from minillm.engine.engine import Engine
+from minillm.engine.request import Request
+from minillm.engine.scheduler import ContinuousScheduler
 from tests.lessons.harness import CHECKS, expected_reply, first_difference, implementations, small_model, student_module
 
 lesson = pytest.mark.lesson09  # your code's checks: pytest -m lesson09
@@ -29,7 +29,7 @@ YOURS = ("key", "cached_prefix", "cache_full_blocks", "take_cached", "_take_free
 
 
 class ReferencePrefixAllocator(BlockAllocator):
-    """minillm/blocks.py's allocator with prefix caching on, built the way the exercise's is."""
+    """minillm/engine/blocks.py's allocator with prefix caching on, built the way the exercise's is."""
 
     def __init__(self, num_blocks: int, block_size: int):
         super().__init__(num_blocks, block_size, prefix_caching=True)
@@ -42,10 +42,10 @@ def assert_writes_its_own_caching(module) -> None:
     """The exercise's methods are yours: not the parent's (super().cached_prefix(...)) nor minillm's block_key."""
     path = Path(module.__file__)
     for node in ast.walk(ast.parse(path.read_text())):
-        if isinstance(node, ast.ImportFrom) and node.module == "minillm.blocks":
+        if isinstance(node, ast.ImportFrom) and node.module == "minillm.engine.blocks":
             taken = [a.name for a in node.names if a.name not in ("BlockAllocator", "BlockPoolExhausted")]
             assert not taken, (
-                f"{path.name}, line {node.lineno}: you import {taken} from minillm.blocks; write it yourself"
+                f"{path.name}, line {node.lineno}: you import {taken} from minillm.engine.blocks; write it yourself"
             )
         if isinstance(node, ast.Attribute) and node.attr in YOURS + ("block_key",):
             owner = node.value
@@ -163,7 +163,7 @@ def why_broken(pool: Pool, error: str) -> str:
             f"block(s) {copies} have a key that self.block_of gives to another block: when a key is already held, "
             "keep the first block and leave the new block unkeyed"
         )
-    return "see check() in minillm/blocks.py"
+    return "see check() in minillm/engine/blocks.py"
 
 
 def seq_tokens(n: int, seed: int) -> list[int]:
@@ -509,10 +509,10 @@ def test_the_stub_is_rejected():
 @pytest.mark.parametrize(
     "source",
     [
-        "from minillm.blocks import BlockAllocator, block_key\n",
-        "from minillm.blocks import BlockAllocator\nclass A(BlockAllocator):\n"
+        "from minillm.engine.blocks import BlockAllocator, block_key\n",
+        "from minillm.engine.blocks import BlockAllocator\nclass A(BlockAllocator):\n"
         "    def cached_prefix(self, ids):\n        return super().cached_prefix(ids)\n",
-        "from minillm.blocks import BlockAllocator\nclass A(BlockAllocator):\n"
+        "from minillm.engine.blocks import BlockAllocator\nclass A(BlockAllocator):\n"
         "    def _take_free(self):\n        return BlockAllocator._take_free(self)\n",
     ],
 )

@@ -2,7 +2,7 @@
 
 Your abort takes a request out of wherever it is (not yet arrived, queued, seated mid-prompt or
 mid-reply) and frees its seat and KV blocks at once; it leaves finished requests, and the seats they
-once had, alone. Then it runs inside the real serve loop (minillm/serve_loop.py, no HTTP), where a
+once had, alone. Then it runs inside the real serve loop (minillm/serving/serve_loop.py, no HTTP), where a
 reader hangs up on some requests while the others must still get exactly the plain loop's tokens.
 """
 
@@ -13,11 +13,11 @@ import queue
 import pytest
 
 from minillm.config import EngineConfig
-from minillm.engine import Engine
-from minillm.request import Request, State
-from minillm.scheduler import ContinuousScheduler
-from minillm.serve_loop import ServeLoop
-from minillm.token_stream import TokenStream
+from minillm.engine.engine import Engine
+from minillm.engine.request import Request, State
+from minillm.engine.scheduler import ContinuousScheduler
+from minillm.serving.serve_loop import ServeLoop
+from minillm.serving.token_stream import TokenStream
 from tests.lessons.harness import CHECKS, expected_reply, first_difference, implementations, small_model, stub
 from tests.lessons.harness import student_module as student
 

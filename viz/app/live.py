@@ -17,7 +17,8 @@ from collections import deque
 import httpx
 import streamlit as st
 
-from minillm.trace import Trace, TraceError
+from minillm.engine.trace import Trace
+from minillm.runs import trace_file
 from viz.app.playback import show_png
 from viz.html import (
     figures_html,
@@ -105,8 +106,8 @@ class LiveFeed:
         if response.status_code != 200:
             raise ServerError(f"{where} answered {response.status_code}: {response.text[:200]}")
         try:
-            return Trace.loads(response.content)
-        except TraceError as e:
+            return trace_file.loads(response.content)
+        except trace_file.TraceError as e:
             raise ServerError(f"{where} did not send a minillm trace: {e}") from None
 
     def _rebuild(self) -> None:

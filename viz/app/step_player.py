@@ -14,12 +14,13 @@ from pathlib import Path
 import streamlit as st
 import torch
 
-from minillm.checkpoint import load_model
+from minillm.engine.scheduler import DEFAULT_TOKEN_BUDGET
+from minillm.engine.trace import Trace
 from minillm.errors import MinillmError
-from minillm.run import run_workload
-from minillm.scheduler import DEFAULT_TOKEN_BUDGET
-from minillm.trace import Trace, TraceError
-from minillm.workload import SEED_STORY_SLOTS, WORKLOADS, ChatKnobs
+from minillm.model.checkpoint import load_model
+from minillm.runs import trace_file
+from minillm.runs.run import run_workload
+from minillm.runs.workload import SEED_STORY_SLOTS, WORKLOADS, ChatKnobs
 from viz import plot_occupancy
 from viz.app.playback import Transport, play
 from viz.player import TracePlayer
@@ -111,10 +112,10 @@ def cached_upload(data: bytes) -> TracePlayer | str:
 def load_uploaded_trace(data: bytes) -> Trace | str:
     """A trace from an uploaded file, or the one-line reason it is not a valid minillm trace."""
     try:
-        trace = Trace.loads(data)
+        trace = trace_file.loads(data)
         TracePlayer(trace, 400).frame(0)  # valid on paper is not enough: it must also draw
         return trace
-    except TraceError as e:
+    except trace_file.TraceError as e:
         return str(e)
     except (TypeError, ValueError, KeyError, IndexError, AttributeError) as e:
         return f"invalid minillm trace: {type(e).__name__}: {e}"

@@ -12,15 +12,15 @@ import io
 
 import streamlit as st
 
-from minillm import whatif
-from minillm.calibrate import load_calibration
+from minillm.card import whatif
+from minillm.card.calibrate import load_calibration
+from minillm.card.hardware import DEVICES, get_device
+from minillm.card.modelspec import load_spec, shipped_models
+from minillm.card.roofline import KV_BYTES, WEIGHT_BYTES
+from minillm.card.simulate import MAX_NUM_SEQS, SimulatedRunner
 from minillm.errors import MinillmError
-from minillm.hardware import DEVICES, get_device
-from minillm.modelspec import load_spec, shipped_models
-from minillm.roofline import KV_BYTES, WEIGHT_BYTES
-from minillm.run import run_workload
-from minillm.simulate import MAX_NUM_SEQS, SimulatedRunner
-from minillm.workload import ALL_WORKLOADS, SIMULATED_WORKLOADS, ChatKnobs
+from minillm.runs.run import run_workload
+from minillm.runs.workload import ALL_WORKLOADS, SIMULATED_WORKLOADS, ChatKnobs
 from viz.app.playback import Transport, play
 from viz.card import plot_memory_split, plot_speed_by_batch, plot_users_by_context
 from viz.player import TracePlayer
@@ -197,7 +197,7 @@ def crowd_view(choice: dict) -> None:
 
 def show() -> None:
     st.caption(
-        "A real model on a real card, priced by the roofline (minillm/roofline.py): a decode step streams every "
+        "A real model on a real card, priced by the roofline (minillm/card/roofline.py): a decode step streams every "
         "weight once for all users together, and each user's KV cache takes memory and bandwidth."
     )
     choice = pickers()

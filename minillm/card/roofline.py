@@ -1,0 +1,244 @@
+"""The roofline: what one engine step costs on a real card, from its bytes and FLOPs alone.
+
+A step runs every row in the batch through every weight once. The card can stream
+`bandwidth` bytes per second and multiply at `peak` FLOP/s, so the step takes at least
+
+    time = max(bytes / bandwidth, flops / peak) / efficiency  +  kernels x launch cost
+
+Which side of the max wins is the whole story of serving:
+- Decode (one new token per row) reads all the weights for very little maths: about 2 FLOPs
+  per weight per row, and a bf16 weight is 2 bytes, so its arithmetic intensity (FLOPs per
+  byte) is about the batch size. The card's ridge point is peak / bandwidth (165 FLOP/byte on
+  an RTX 4090): below that batch the step is memory-bound, and adding a row is nearly free.
+- Every row also reads its own KV cache, which grows with its context. At long contexts the KV,
+  not the weights, fills both the memory and the step time: that is the KV ceiling below.
+
+The same formula prices a prefill chunk (many new tokens, one row): it multiplies the weights
+by every token at once, so it is compute-bound from a few hundred tokens on.
+Plain Python arithmetic, no torch: a simulated engine calls `step_cost` once per step.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from functools import lru_cache
+
+from minillm.card.hardware import Device
+from minillm.card.modelspec import ModelSpec
+from minillm.errors import ConfigError
+
+# Bytes per weight. int4: 4 bits plus one fp16 scale per group of 128 weights (AWQ / GPTQ's layout).
+WEIGHT_BYTES = {"fp32": 4.0, "bf16": 2.0, "fp16": 2.0, "fp8": 1.0, "int4": 0.5 + 2 / 128}
+KV_BYTES = {"bf16": 2, "fp16": 2, "fp8": 1, "fp32": 4}  # fp32: minillm's own cache (kv_cache.py)
+LOGIT_BYTES = 4  # logits come out in fp32 for sampling
+
+# The KV ceiling's activation reserve: room for the live activations of one step of this many
+# tokens (a usual chunked-prefill token budget) and the fp32 logits of this many rows (vLLM's
+# default cap on sequences per step, max_num_seqs).
+RESERVE_TOKENS = 2048
+RESERVE_ROWS = 256
+
+
+@dataclass(frozen=True)
+class Kernels:
+    """What the clock needs to know about an implementation (not the card, not the model):
+    how many kernels one forward launches, and how many times the cached KV crosses memory."""
+
+    per_layer: int
+    per_step: int  # outside the layers: embedding, final norm, lm_head, sampling
+    kv_passes: int = 1  # 1: attention reads the KV in place; a gather-then-attend reads it, writes a copy, reads that
+
+
+# A serving engine (vLLM, TensorRT-LLM, llama.cpp): fused kernels, paged attention reading KV in place.
+# Per layer: norm, qkv matmul, rotary, KV write, attention, o matmul, add + norm, gate/up matmul,
+# SiLU x up, down matmul = 10. Per step: embedding, final norm, lm_head, sampling = 4.
+SERVING_ENGINE = Kernels(per_layer=10, per_step=4)
+
+
+@dataclass(frozen=True, slots=True)
+class StepCost:
+    """One step's bill: FLOPs, bytes by what they carry, and the time the roofline gives."""
+
+    rows: int
+    tokens: int
+    flops: float
+    weight_bytes: float  # every weight once per step, whatever the batch: the reason batching pays
+    kv_read_bytes: float  # each row's cached keys and values
+    kv_write_bytes: float  # the new tokens' keys and values
+    activation_bytes: float  # matmul inputs and outputs, and the logits
+    memory_s: float  # bytes / bandwidth
+    compute_s: float  # flops / peak
+    overhead_s: float  # kernels x launch cost
+    time_s: float
+
+    @property
+    def bytes(self) -> float:
+        return self.weight_bytes + self.kv_read_bytes + self.kv_write_bytes + self.activation_bytes
+
+    @property
+    def bound(self) -> str:
+        return "memory" if self.memory_s >= self.compute_s else "compute"
+
+    @property
+    def intensity(self) -> float:
+        """Arithmetic intensity: FLOPs per byte moved."""
+        return self.flops / self.bytes
+
+
+def check_dtypes(dtype: str, kv_dtype: str) -> None:
+    if dtype not in WEIGHT_BYTES:
+        raise ConfigError(f"unknown weight dtype {dtype!r}; choose from {', '.join(WEIGHT_BYTES)}")
+    if kv_dtype not in KV_BYTES:
+        raise ConfigError(f"unknown KV cache dtype {kv_dtype!r}; choose from {', '.join(KV_BYTES)}")
+
+
+def compute_dtype(dtype: str, device: Device) -> str:
+    """The dtype the matmuls run in: fp8 needs fp8 tensor cores (Ada, Hopper), else the weights are
+    widened to bf16 in the kernel; int4 is always weight-only (dequantized to fp16 on the fly)."""
+    if dtype == "fp8":
+        return "fp8" if device.has("fp8") else "bf16"
+    return "fp16" if dtype == "int4" else dtype
+
+
+def weight_bytes(spec: ModelSpec, dtype: str = "bf16") -> float:
+    """Bytes of all weights. fp8 and int4 quantize the layers' matrices; embeddings, lm_head, norms and
+    biases stay in bf16, as quantized checkpoints usually keep them."""
+    check_dtypes(dtype, "bf16")
+    other = 4 if dtype == "fp32" else 2
+    matrices = spec.layers * spec.layer_matmul_params
+    rest = spec.num_parameters - matrices
+    return matrices * WEIGHT_BYTES[dtype] + rest * other
+
+
+def kv_bytes_per_token(spec: ModelSpec, kv_dtype: str = "bf16") -> int:
+    """One token's KV: a key and a value (the 2), per layer, per kv head (GQA: not per query head)."""
+    check_dtypes("bf16", kv_dtype)
+    return 2 * spec.layers * spec.kv_heads * spec.head_dim * KV_BYTES[kv_dtype]
+
+
+@lru_cache(maxsize=256)
+def _per_model(spec: ModelSpec, device: Device, dtype: str, kv_dtype: str, kernels: Kernels) -> tuple:
+    """Everything in a step's cost that depends on the model, card and dtypes only (computed once)."""
+    check_dtypes(dtype, kv_dtype)
+    act = 4 if dtype == "fp32" else 2
+    embedding_row = spec.hidden * act
+    # The embedding table is looked up, not streamed: a step reads one row of it per token
+    # (unless it is tied to lm_head, which multiplies through all of it).
+    streamed = weight_bytes(spec, dtype) - (0 if spec.tied_embeddings else spec.embedding_params * act)
+    per_token_flops = 2 * spec.layers * spec.layer_matmul_params
+    per_row_flops = 2 * spec.vocab * spec.hidden  # lm_head at each row's last token only
+    per_key_flops = 4 * spec.layers * spec.heads * spec.head_dim  # q.k and p.v, per query head
+    # Every matmul reads its input and writes its output (norms, RoPE, SiLU are fused in a serving engine).
+    per_token_act = act * spec.layers * (4 * spec.hidden + 2 * spec.q_dim + 2 * spec.kv_dim + 3 * spec.intermediate)
+    per_row_act = spec.vocab * LOGIT_BYTES
+    kv = kv_bytes_per_token(spec, kv_dtype)
+    peak = device.peak_flops(compute_dtype(dtype, device))
+    overhead = (kernels.per_layer * spec.layers + kernels.per_step) * device.launch_s
+    return (streamed, embedding_row, per_token_flops, per_row_flops, per_key_flops, per_token_act, per_row_act,
+            kv, peak, overhead)  # fmt: skip
+
+
+def step_cost(
+    spec: ModelSpec,
+    device: Device,
+    rows,
+    dtype: str = "bf16",
+    kv_dtype: str = "bf16",
+    kernels: Kernels = SERVING_ENGINE,
+) -> StepCost:
+    """Cost of ONE engine step. `rows`: one (new_tokens, cached_tokens_before) per row: a decode row is
+    (1, context), a prefill chunk (chunk_len, tokens already cached). Logits only at each row's last token."""
+    streamed, embedding_row, f_token, f_row, f_key, a_token, a_row, kv, peak, overhead = _per_model(
+        spec, device, dtype, kv_dtype, kernels
+    )
+    n_rows = tokens = cached = keys = 0
+    for new, before in rows:
+        if new < 1 or before < 0:
+            raise ConfigError(f"a row is (new_tokens >= 1, cached_tokens >= 0), got ({new}, {before})")
+        n_rows += 1
+        tokens += new
+        cached += before
+        keys += new * before + new * (new + 1) // 2  # causal: token i of the chunk sees before + i + 1 keys
+    if not n_rows:
+        raise ConfigError("a step needs at least one row")
+    flops = f_token * tokens + f_row * n_rows + f_key * keys
+    weights = streamed + embedding_row * tokens
+    kv_read = kernels.kv_passes * kv * cached
+    kv_write = kv * tokens
+    activations = a_token * tokens + a_row * n_rows
+    memory_s = (weights + kv_read + kv_write + activations) / device.bandwidth
+    compute_s = flops / peak
+    time_s = max(memory_s, compute_s) / device.efficiency + overhead
+    return StepCost(n_rows, tokens, flops, weights, kv_read, kv_write, activations, memory_s, compute_s, overhead,
+                    time_s)  # fmt: skip
+
+
+def decode_cost(spec, device, batch: int, context: int, dtype="bf16", kv_dtype="bf16", kernels=SERVING_ENGINE):
+    """One decode step: `batch` rows, each adding one token after `context` cached ones."""
+    if batch < 1 or context < 0:
+        raise ConfigError(f"decode needs batch >= 1 and context >= 0, got batch {batch}, context {context}")
+    return step_cost(spec, device, [(1, context)] * batch, dtype, kv_dtype, kernels)
+
+
+def ridge_intensity(device: Device, dtype: str = "bf16") -> float:
+    """FLOPs per byte at which the card turns compute-bound: peak / bandwidth."""
+    check_dtypes(dtype, "bf16")
+    return device.peak_flops(compute_dtype(dtype, device)) / device.bandwidth
+
+
+def ridge_batch(spec: ModelSpec, device: Device, context: int = 0, dtype="bf16", kv_dtype="bf16") -> float | None:
+    """The decode batch at which memory time and compute time meet (the step turns compute-bound).
+
+    Both grow linearly with the batch: memory = weights + batch x (KV and activations per row),
+    compute = batch x FLOPs per row. None when a row's KV costs more time than its maths: then
+    decode stays memory-bound at any batch (long contexts)."""
+    one, two = (decode_cost(spec, device, batch, context, dtype, kv_dtype) for batch in (1, 2))
+    memory_per_row, compute_per_row = two.memory_s - one.memory_s, two.compute_s - one.compute_s
+    fixed_memory = one.memory_s - memory_per_row  # the weights: paid once per step
+    if compute_per_row <= memory_per_row:
+        return None
+    return fixed_memory / (compute_per_row - memory_per_row)
+
+
+# --- the KV ceiling ------------------------------------------------------------------------------------
+def activation_reserve_bytes(spec: ModelSpec, dtype: str = "bf16") -> float:
+    """Memory kept free for a step's transient tensors: the biggest live set of one layer over
+    RESERVE_TOKENS tokens (in the MLP: residual, normed input, gate and up, SiLU x up), plus fp32
+    logits for RESERVE_ROWS rows. vLLM measures this by running a dummy step; we count it."""
+    act = 4 if dtype == "fp32" else 2
+    mlp = 2 * spec.hidden + 3 * spec.intermediate
+    attention = 2 * spec.hidden + 2 * spec.q_dim + 2 * spec.kv_dim
+    return RESERVE_TOKENS * act * max(mlp, attention) + RESERVE_ROWS * spec.vocab * LOGIT_BYTES
+
+
+def free_kv_bytes(spec: ModelSpec, device: Device, dtype="bf16", utilization: float = 0.9) -> float:
+    """Memory left for the KV cache: device memory x utilization (vLLM's gpu_memory_utilization,
+    default 0.9; the rest is the CUDA context and the allocator's slack) - weights - activation reserve.
+    Negative: the weights alone do not fit."""
+    if not 0 < utilization <= 1:
+        raise ConfigError(f"utilization must be in (0, 1], got {utilization}")
+    budget = device.memory_bytes * utilization
+    return budget - weight_bytes(spec, dtype) - activation_reserve_bytes(spec, dtype)
+
+
+def kv_blocks(spec, device, dtype="bf16", kv_dtype="bf16", block_size: int = 16, utilization: float = 0.9) -> int:
+    """Blocks of `block_size` tokens that fit in the free KV memory (how a paged engine sizes its pool)."""
+    if block_size < 1:
+        raise ConfigError(f"block_size must be at least 1, got {block_size}")
+    free = free_kv_bytes(spec, device, dtype, utilization)
+    return max(0, int(free // (block_size * kv_bytes_per_token(spec, kv_dtype))))
+
+
+def max_users(spec, device, context: int, dtype="bf16", kv_dtype="bf16", block_size=16, utilization=0.9) -> int:
+    """Users that fit when each holds `context` tokens of KV (in whole blocks)."""
+    if context < 1:
+        raise ConfigError(f"context must be at least 1 token, got {context}")
+    blocks_each = -(-context // block_size)
+    return kv_blocks(spec, device, dtype, kv_dtype, block_size, utilization) // blocks_each
+
+
+def max_context(spec, device, users: int, dtype="bf16", kv_dtype="bf16", block_size=16, utilization=0.9) -> int:
+    """The context each of `users` users can hold when they share the KV memory evenly."""
+    if users < 1:
+        raise ConfigError(f"users must be at least 1, got {users}")
+    return kv_blocks(spec, device, dtype, kv_dtype, block_size, utilization) // users * block_size

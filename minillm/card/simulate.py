@@ -1,0 +1,104 @@
+"""A card you don't have: the real engine serving a real model on a simulated clock.
+
+The engine, the schedulers and the block allocator are the ones that serve the tiny model; only
+the runner differs. SimulatedRunner stands in for the model forward: each request replies with
+its planned number of tokens and then EOS, and each step advances a virtual clock by what the
+roofline (roofline.py) says that step's rows cost on the card. The KV pool gets as many blocks
+as the card's free memory holds for the model, and keeps only the allocator's books (an 8B
+model's pool would be gigabytes of tensors). The trace that comes out is an ordinary trace whose
+times are simulated seconds, so metrics, the app and the lessons read it unchanged.
+"""
+
+from __future__ import annotations
+
+from minillm.card.hardware import Device
+from minillm.card.modelspec import ModelSpec
+from minillm.card.roofline import check_dtypes, kv_blocks, step_cost
+from minillm.config import EngineConfig
+from minillm.engine.packing import Batch
+from minillm.engine.paged_books import PagedKVBooks
+from minillm.errors import ConfigError
+from minillm.model.tokenizer import EOS
+
+MAX_NUM_SEQS = 256  # vLLM's default cap on sequences per step: seats never exceed it
+# vLLM V1's default max_num_batched_tokens for its OpenAI server: 8192 on cards with at least 70 GiB,
+# 2048 on smaller ones (vllm/engine/arg_utils.py, EngineArgs._set_default_args). A GPU prefills a
+# 2048-token chunk in about the time of a decode step, so the budget that suits it is far larger than
+# the tiny CPU model's (scheduler.DEFAULT_TOKEN_BUDGET).
+SERVER_TOKEN_BUDGET = {True: 8192, False: 2048}
+DEFAULT_CONTEXT = 32768  # for a config.json without max_position_embeddings
+
+
+class VirtualClock:
+    """Simulated seconds: they pass only when a step runs (or the engine waits for the next arrival)."""
+
+    name = "simulated"
+
+    def __init__(self):
+        self.t = 0.0
+
+    def now(self) -> float:
+        return self.t
+
+    def wait_until(self, t: float) -> None:
+        self.t = max(self.t, t)
+
+    def advance(self, seconds: float) -> None:
+        self.t += seconds
+
+
+class SimulatedRunner:
+    def __init__(self, spec: ModelSpec, device: Device, dtype: str = "bf16", kv_dtype: str = "bf16",
+                 utilization: float = 0.9):  # fmt: skip
+        check_dtypes(dtype, kv_dtype)
+        self.spec, self.card, self.dtype, self.kv_dtype, self.utilization = spec, device, dtype, kv_dtype, utilization
+        self.model = None
+        self.device = f"simulated {device.name}"
+        self.vocab_size, self.max_len = spec.vocab, spec.max_context or DEFAULT_CONTEXT
+        self.clock = VirtualClock()
+        self.busy_s = 0.0  # simulated seconds spent running steps (the rest: waiting for arrivals)
+
+    def pool_blocks(self, block_size: int) -> int:
+        """KV blocks that fit in the card's memory after the weights and the activation reserve."""
+        blocks = kv_blocks(self.spec, self.card, self.dtype, self.kv_dtype, block_size, self.utilization)
+        if blocks < 1:
+            raise ConfigError(
+                f"{self.spec.name} in {self.dtype} does not fit on {self.card.name} with room for any KV cache; "
+                "try --dtype int4 or fp8, or a card with more memory"
+            )
+        return blocks
+
+    def make_cache(self, cfg: EngineConfig, max_len: int) -> PagedKVBooks:
+        if cfg.kv != "paged":
+            raise ConfigError("a simulated card keeps a paged KV pool's books; use --kv paged")
+        return PagedKVBooks(cfg.num_blocks or self.pool_blocks(cfg.block_size), cfg.block_size, cfg.prefix_caching)
+
+    def run(self, batch: Batch, cache: PagedKVBooks) -> list[int]:
+        """Charge the step's rows to the clock; each finished row gets its next planned token (or EOS)."""
+        starts = cache.prepare(batch.seats, batch.counts, batch.padding_rows)
+        rows = list(zip(batch.counts, starts))
+        if batch.padding_rows:  # held seats are computed too: copies of the first decode row
+            rows += [rows[batch.counts.index(1)]] * batch.padding_rows
+        seconds = step_cost(self.spec, self.card, rows, self.dtype, self.kv_dtype).time_s
+        self.clock.advance(seconds)
+        self.busy_s += seconds
+        return [planned_token(r) for r in batch.sampled]
+
+
+def planned_token(request) -> int:
+    """The stand-in model's next token: placeholder text until the planned length, then EOS."""
+    planned = request.planned_reply if request.planned_reply is not None else request.max_new_tokens
+    if len(request.output_ids) >= planned and not request.ignore_eos:
+        return EOS
+    return 32 + len(request.output_ids) % 90  # printable ASCII, so a replayed reply is visibly text
+
+
+def default_token_budget(runner: SimulatedRunner) -> int:
+    """The token budget vLLM's server would use on this card."""
+    return SERVER_TOKEN_BUDGET[runner.card.memory_bytes >= 70 * 2**30]
+
+
+def default_slots(runner: SimulatedRunner, block_size: int, typical_tokens: float) -> int:
+    """Seats: as many users as the KV memory holds at a typical request's length, at most MAX_NUM_SEQS."""
+    per_user = -(-max(1, round(typical_tokens)) // block_size)
+    return max(1, min(MAX_NUM_SEQS, runner.pool_blocks(block_size) // per_user))

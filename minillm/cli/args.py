@@ -1,0 +1,45 @@
+"""Argument types and the options every model-loading command shares."""
+
+from __future__ import annotations
+
+import argparse
+
+
+def positive_int(text: str) -> int:
+    value = int(text)
+    if value < 1:
+        raise argparse.ArgumentTypeError(f"must be at least 1, got {value}")
+    return value
+
+
+def non_negative_int(text: str) -> int:
+    value = int(text)
+    if value < 0:
+        raise argparse.ArgumentTypeError(f"must be 0 or more, got {value}")
+    return value
+
+
+def positive_float(text: str) -> float:
+    value = float(text)
+    if not value > 0:
+        raise argparse.ArgumentTypeError(f"must be positive, got {value}")
+    return value
+
+
+# The tiny model's CPU ops are too small to split: a second thread mostly waits, and when another program
+# uses a core the two threads stall each other (seed story, continuous, on this project's busy 2-core machine:
+# 2.5 s on one thread, 29-102 s on two).
+THREADS_HELP = "torch CPU threads (default 1: the tiny model's ops are too small to split, and one thread stays fast "
+THREADS_HELP += "when other programs share the cores)"
+
+
+def model_args(p: argparse.ArgumentParser) -> None:
+    p.add_argument("--device", default="auto", choices=["auto", "cpu", "cuda"])
+    p.add_argument("--checkpoint", default=None, help="safetensors file (default: the shipped model)")
+    p.add_argument("--threads", type=positive_int, default=1, help=THREADS_HELP)
+
+
+def load_model_from(args: argparse.Namespace):
+    from minillm.model.checkpoint import load_model
+
+    return load_model(args.checkpoint, args.device)

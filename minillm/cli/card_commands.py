@@ -1,0 +1,52 @@
+"""A real model on a real card: `whatif` (memory, users, tokens/s) and `calibrate` (this machine measured)."""
+
+from __future__ import annotations
+
+import argparse
+
+
+def cmd_whatif(args: argparse.Namespace) -> None:
+    import json
+
+    from minillm.card import whatif
+
+    if args.validate:
+        result = whatif.validate(args.device, progress=not args.json)
+        print(json.dumps(result) if args.json else whatif.validation_text(result))
+        return
+    from minillm.card.hardware import get_device
+    from minillm.card.modelspec import load_spec
+    from minillm.card.roofline import check_dtypes
+
+    check_dtypes(args.dtype, args.kv_dtype)
+    spec, device = load_spec(args.model), get_device(args.gpu, args.device)
+    result = whatif.plan(spec, device, args.dtype, args.kv_dtype, args.context, args.batch)
+    print(json.dumps(result) if args.json else whatif.summary(result))
+
+
+def cmd_calibrate(args: argparse.Namespace) -> None:
+    from minillm.card.calibrate import calibrate, calibration_path, describe
+
+    result = calibrate(args.device)
+    print(describe(result))
+    print(f"saved {calibration_path(result['device'])}")
+
+
+def add_commands(sub) -> None:
+    p = sub.add_parser("whatif", help="a real model on a real card: memory, users that fit, tokens/s (roofline)")
+    p.add_argument("--model", default="llama-3.1-8b", help="a shipped model (e.g. qwen3-0.6b) or a config.json path")
+    p.add_argument("--gpu", default="rtx-4090", help="a card (e.g. h100-sxm) or this-machine (calibrated)")
+    p.add_argument("--dtype", default="bf16", help="weights: fp32, bf16, fp16, fp8 or int4")
+    p.add_argument("--kv-dtype", default="bf16", help="KV cache: bf16, fp16 or fp8")
+    p.add_argument("--context", type=int, default=4096, help="tokens of context per user")
+    p.add_argument("--batch", type=int, default=1, help="users decoding together")
+    p.add_argument("--validate", action="store_true", help="check the cost model against the shipped model here "
+                   "(microbenchmarks -> predicted decode steps, against measured ones; on a busy shared machine "
+                   "OMP_NUM_THREADS=1 steadies the timings)")  # fmt: skip
+    p.add_argument("--device", default="auto", choices=["auto", "cpu", "cuda"], help="for this-machine and --validate")
+    p.add_argument("--json", action="store_true", help="print one JSON object instead of the summary")
+    p.set_defaults(func=cmd_whatif)
+
+    p = sub.add_parser("calibrate", help="measure this machine: bandwidth, matmul FLOP/s, fixed cost per op")
+    p.add_argument("--device", default="auto", choices=["auto", "cpu", "cuda"])
+    p.set_defaults(func=cmd_calibrate)

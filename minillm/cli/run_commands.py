@@ -1,0 +1,166 @@
+"""Running workloads through the engine: `run` (one workload, summarized) and `bench` (every claim measured)."""
+
+from __future__ import annotations
+
+import argparse
+import time
+
+from minillm.cli.args import load_model_from, model_args, non_negative_int, positive_float, positive_int
+from minillm.errors import ConfigError
+
+
+def cmd_run(args: argparse.Namespace) -> None:
+    import json
+
+    from minillm.runs.metrics import summarize
+    from minillm.runs.run import run_workload
+    from minillm.runs.workload import SIMULATED_WORKLOADS, ChatKnobs
+
+    if args.workload in SIMULATED_WORKLOADS and not args.simulate:
+        raise ConfigError(
+            f"{args.workload} has prompts longer than the tiny model's context (lengths only): "
+            f"run it on a simulated card, e.g. --simulate llama-3.1-8b --gpu rtx-4090"
+        )
+    model = simulated_runner(args) if args.simulate else load_model_from(args)
+    knobs = ChatKnobs(requests=args.requests, rate=args.rate, spread=args.spread, force_lengths=args.force_lengths,
+                      rate_per_s=args.rate_per_s)  # fmt: skip
+    started = time.perf_counter()
+    trace = run_workload(
+        model, args.workload, args.scheduler, args.kv, args.slots, args.num_blocks, args.block_size, knobs,
+        args.seed, progress=not args.json, token_budget=args.token_budget, prefix_caching=args.prefix_caching,
+    )  # fmt: skip
+    if args.trace:
+        trace.save(args.trace)
+    summary = summarize(trace) | {"run_wall_s": time.perf_counter() - started}
+    if args.json:
+        print(json.dumps(summary))
+        return
+    print(run_summary_text(args, trace.config, summary))
+
+
+def simulated_runner(args: argparse.Namespace):
+    from minillm.card.hardware import get_device
+    from minillm.card.modelspec import load_spec
+    from minillm.card.simulate import SimulatedRunner
+
+    return SimulatedRunner(load_spec(args.simulate), get_device(args.gpu), args.dtype, args.kv_dtype)
+
+
+def run_summary_text(args: argparse.Namespace, cfg: dict, summary: dict) -> str:
+    where = f"{cfg['model']} on a simulated {cfg['gpu']}" if args.simulate else "the tiny model"
+    budget = cfg["token_budget"] or "no"
+    ms = lambda key: "–" if summary[key] is None else f"{1000 * summary[key]:.0f} ms"
+    lines = [
+        f"{args.workload}: {args.scheduler} batching, {args.kv} KV, {cfg['slots']} seats, {cfg['num_blocks']} "
+        f"blocks, {budget} token budget, prefix caching {'on' if cfg['prefix_caching'] else 'off'} ({where})",
+        f"  requests     {summary['finished']} finished, {summary['rejected']} rejected of {summary['requests']}",
+        f"  steps        {summary['steps']}  ({summary['output_tokens']} tokens, "
+        f"{summary['tokens_per_step']:.2f}/step)",
+        f"  throughput   {summary['tokens_per_s']:.0f} tokens/s over {summary['wall_s']:.2f} s "
+        + ("simulated" if args.simulate else "of steps"),
+        f"  utilization  {summary['slot_utilization']:.1%} of seat-steps did useful work",
+        f"  TTFT         p50 {ms('ttft_p50_s')}, p99 {ms('ttft_p99_s')}   ({summary['ttft_p50_steps']} steps at p50)",
+        f"  TPOT         p50 {ms('tpot_p50_s')}, p99 {ms('tpot_p99_s')}",
+        f"  prefill      {summary['prefill_tokens']} prompt tokens computed, {summary['cached_prompt_tokens']} "
+        f"from the prefix cache (hit rate {summary['prefix_hit_rate']:.0%})",
+        f"  KV waste     {summary['kv_waste']:.1%}   preemptions {summary['preemptions']}",
+    ]
+    if args.simulate:
+        lines.append(f"  simulated in {summary['run_wall_s']:.1f} s of this machine's time")
+    if args.trace:
+        lines.append(f"  trace        {args.trace}")
+    return "\n".join(lines)
+
+
+def cmd_bench(args: argparse.Namespace) -> None:
+    import json
+    import os
+    from pathlib import Path
+
+    from minillm.bench import BENCHES, BenchSettings, run_benchmarks
+    from minillm.bench.report import markdown, plot_all
+    from minillm.model.checkpoint import load_model
+
+    unknown = set(args.only or []) - set(BENCHES)
+    if unknown:
+        raise ConfigError(f"unknown benchmark(s) {sorted(unknown)}; choose from {', '.join(BENCHES)}")
+    model = load_model(args.checkpoint, args.device)
+    results = run_benchmarks(model, BenchSettings(quick=args.quick), args.only, progress=not args.json)
+    command = "python -m minillm bench" + " --quick" * args.quick + f" --device {args.device}" * (args.device != "auto")
+    if args.out:
+        out = Path(args.out)
+        plot_all(results, out)
+        (out / "results.json").write_text(json.dumps(results, indent=2))
+    if args.markdown:
+        plots = None if not args.out else os.path.relpath(args.out, Path(args.markdown).resolve().parent)
+        Path(args.markdown).write_text("# Benchmarks\n\n" + markdown(results, command, plots) + "\n")
+    if args.json:
+        print(json.dumps(results))
+    else:
+        print(markdown(results, command))
+
+
+def add_commands(sub) -> None:
+    from minillm.engine.scheduler import DEFAULT_TOKEN_BUDGET
+    from minillm.runs.workload import ALL_WORKLOADS
+
+    p = sub.add_parser("run", help="serve a workload through the engine and summarize it")
+    p.add_argument("--workload", default="seed-story", choices=ALL_WORKLOADS,
+                   help="azure-conv and azure-code need --simulate")  # fmt: skip
+    p.add_argument("--scheduler", default="continuous", choices=["static", "continuous"])
+    p.add_argument("--kv", default="paged", choices=["paged", "contiguous"])
+    p.add_argument(
+        "--slots",
+        type=positive_int,
+        default=None,
+        help="seats (default 4 for seed-story, else 8; simulated: the users the KV memory holds, <= 256)",
+    )
+    p.add_argument("--num-blocks", type=positive_int, default=None, help="paged pool size (default: same memory)")
+    p.add_argument("--block-size", type=positive_int, default=16)
+    p.add_argument(
+        "--token-budget",
+        type=non_negative_int,
+        default=None,
+        help=f"tokens per step: decode rows first, prompts in chunks (default {DEFAULT_TOKEN_BUDGET}; on a simulated "
+        "card vLLM's server default: 8192 with 70 GiB or more, else 2048); 0: no budget, whole prompts at once",
+    )
+    p.add_argument("--prefix-caching", action="store_true", help="share the KV blocks of prompts that start alike")
+    p.add_argument("--requests", type=positive_int, default=32, help="how many users (not seed-story)")
+    p.add_argument(
+        "--rate",
+        type=positive_float,
+        default=0.5,
+        help="mean arrivals per engine step (Poisson): reproducible step for step",
+    )
+    p.add_argument(
+        "--rate-per-s",
+        type=positive_float,
+        default=None,
+        help="mean arrivals per second (Poisson), the offered load a real server sees: exact on a "
+        "simulated clock; on the tiny model by the wall clock, so not step-for-step reproducible",
+    )
+    p.add_argument("--spread", type=float, default=1.0, help="reply-length spread: 0 fixed, 1 exponential")
+    p.add_argument("--force-lengths", action="store_true", help="ignore EOS: run replies to their drawn length")
+    p.add_argument("--seed", type=int, default=0)
+    p.add_argument(
+        "--simulate",
+        default=None,
+        metavar="MODEL",
+        help="serve a real model (e.g. llama-3.1-8b, or a config.json) on a simulated --gpu instead",
+    )
+    p.add_argument("--gpu", default="rtx-4090", help="the simulated card (with --simulate)")
+    p.add_argument("--dtype", default="bf16", help="simulated weights: fp32, bf16, fp16, fp8 or int4")
+    p.add_argument("--kv-dtype", default="bf16", help="simulated KV cache: bf16, fp16 or fp8")
+    p.add_argument("--trace", default=None, help="write the trace JSON here")
+    p.add_argument("--json", action="store_true", help="print one JSON object instead of the summary")
+    model_args(p)
+    p.set_defaults(func=cmd_run)
+
+    p = sub.add_parser("bench", help="measure every claim of the lessons on this machine")
+    p.add_argument("--quick", action="store_true", help="smaller runs: about 2 minutes on 2 CPU cores")
+    p.add_argument("--only", nargs="+", default=None, help="run only these benchmarks")
+    p.add_argument("--out", default=None, help="folder for the plots (PNG) and results.json")
+    p.add_argument("--markdown", default=None, help="also write a Markdown report here (e.g. BENCHMARKS.md)")
+    p.add_argument("--json", action="store_true", help="print the results as one JSON object")
+    model_args(p)
+    p.set_defaults(func=cmd_bench)

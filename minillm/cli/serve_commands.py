@@ -1,0 +1,113 @@
+"""The engine behind HTTP: `serve` (an OpenAI-compatible server) and `load` (a client-side load generator)."""
+
+from __future__ import annotations
+
+import argparse
+
+from minillm.cli.args import load_model_from, model_args, non_negative_int, positive_float, positive_int
+from minillm.errors import ConfigError
+
+
+def cmd_serve(args: argparse.Namespace) -> None:
+    from minillm.serving.server import LOOPBACK, bind, build_loop, serve
+
+    sock = bind(args.host, args.port)  # first: a port that is taken fails in one line, before the model loads
+    model = load_model_from(args)  # (on one torch thread unless --threads says otherwise: see main())
+    loop = build_loop(model, args.scheduler, args.kv, args.slots, args.num_blocks, args.block_size, args.token_budget,
+                      args.prefix_caching, args.max_waiting, args.keep_steps,
+                      stream_interval=args.stream_interval)  # fmt: skip
+    where = f"http://{args.host}:{args.port}/v1"
+    print(f"minillm serving on {where} ({args.scheduler} batching, {args.slots} seats, {args.kv} KV); Ctrl-C stops")
+    print(f"  try: curl {where}/completions -H 'Content-Type: application/json' "
+          """-d '{"prompt": "count down from 12"}'""")  # fmt: skip
+    if args.host != LOOPBACK:
+        print(f"  note: bound to {args.host}: other machines on this network can send requests (on purpose?)")
+    serve(loop, sock, args.model_name)
+
+
+def cmd_load(args: argparse.Namespace) -> None:
+    import asyncio
+    import json
+    from dataclasses import asdict
+    from pathlib import Path
+
+    from minillm.errors import InputError
+    from minillm.serving.loadgen import jobs_from_workload, run_jobs, summarize_load
+
+    jobs = jobs_from_workload(args.workload, args.requests, args.rate_per_s, args.seed, args.force_lengths,
+                              args.hang_up)  # fmt: skip
+    outcomes = asyncio.run(run_jobs(args.url, jobs, args.model, args.api, args.max_concurrency, args.timeout_s))
+    summary = summarize_load(outcomes, args.ttft_target_s, args.tpot_target_s)
+    summary |= {"url": args.url, "workload": args.workload, "rate_per_s": args.rate_per_s, "seed": args.seed}
+    if args.out:
+        try:
+            Path(args.out).write_text(json.dumps({"summary": summary, "requests": [asdict(o) for o in outcomes]}))
+        except OSError as e:
+            raise ConfigError(f"cannot write --out {args.out}: {e.strerror}") from None
+    if summary["finished"] == 0 and summary["errors"]:
+        raise InputError(f"no request got a whole reply from {args.url}; the first error: {summary['first_error']}")
+    print(json.dumps(summary) if args.json else load_summary_text(summary))
+
+
+def load_summary_text(s: dict) -> str:
+    ms = lambda key: "–" if s[key] is None else f"{1000 * s[key]:.0f} ms"
+    trio = lambda name: f"p50 {ms(name + '_p50_s')}, p90 {ms(name + '_p90_s')}, p99 {ms(name + '_p99_s')}"
+    rate = "all at once" if s["rate_per_s"] is None else f"{s['rate_per_s']:g}/s (Poisson)"
+    return "\n".join([
+        f"{s['workload']} against {s['url']}: {s['requests']} requests, arriving {rate}",
+        f"  requests     {s['finished']} finished, {s['errors']} errors, {s['aborted']} hung up on purpose",
+        f"  throughput   {s['tokens_per_s']:.0f} output tokens/s, {s['requests_per_s']:.2f} requests/s "
+        f"over {s['wall_s']:.2f} s (client's clock)",
+        f"  TTFT         {trio('ttft')}",
+        f"  TPOT         {trio('tpot')}",
+        f"  ITL          {trio('itl')}",
+        f"  latency      {trio('latency')}",
+        f"  goodput      {s['goodput_per_s']:.2f} requests/s ({s['goodput_share']:.0%} of those finished) with TTFT "
+        f"<= {s['ttft_target_s']:g} s and TPOT <= {s['tpot_target_s']:g} s",
+    ] + ([f"  first error  {s['first_error']}"] if s.get("first_error") else []))  # fmt: skip
+
+
+def add_commands(sub) -> None:
+    from minillm.engine.scheduler import DEFAULT_TOKEN_BUDGET
+
+    p = sub.add_parser("serve", help="an OpenAI-compatible HTTP server over the engine (streaming)")
+    p.add_argument("--host", default="127.0.0.1",
+                   help="127.0.0.1: this machine only; 0.0.0.0: every network it is on (a workshop room)")  # fmt: skip
+    p.add_argument("--port", type=int, default=8000)
+    p.add_argument("--scheduler", default="continuous", choices=["static", "continuous"])
+    p.add_argument("--kv", default="paged", choices=["paged", "contiguous"])
+    p.add_argument("--slots", type=positive_int, default=8, help="seats")
+    p.add_argument("--num-blocks", type=positive_int, default=None, help="paged pool size (default: same memory)")
+    p.add_argument("--block-size", type=positive_int, default=16)
+    p.add_argument("--token-budget", type=non_negative_int, default=DEFAULT_TOKEN_BUDGET,
+                   help="tokens per step (0: no budget)")  # fmt: skip
+    p.add_argument("--prefix-caching", action="store_true", help="share the KV blocks of prompts that start alike")
+    p.add_argument("--max-waiting", type=positive_int, default=256,
+                   help="queue length beyond which new requests get 429 (with Retry-After)")  # fmt: skip
+    p.add_argument("--keep-steps", type=positive_int, default=10_000,
+                   help="steps the live trace keeps (GET /trace): memory stays bounded")  # fmt: skip
+    p.add_argument("--stream-interval", type=positive_int, default=1,
+                   help="send tokens once this many piled up (the first at once): less work per token")  # fmt: skip
+    p.add_argument("--model-name", default="minillm", help="the model name clients send and /v1/models lists")
+    model_args(p)
+    p.set_defaults(func=cmd_serve)
+
+    p = sub.add_parser("load", help="send a workload to any OpenAI-compatible server and time it from the client")
+    p.add_argument("--url", default="http://127.0.0.1:8000/v1", help="the server's API root (ends in /v1)")
+    p.add_argument("--workload", default="chat", choices=["chat", "system-prompt", "long-prompts"])
+    p.add_argument("--requests", type=positive_int, default=200)
+    p.add_argument("--rate-per-s", type=positive_float, default=None,
+                   help="mean arrivals per second (Poisson); default: everyone at once")  # fmt: skip
+    p.add_argument("--seed", type=int, default=0, help="the same seed as `run` sends the same users")
+    p.add_argument("--force-lengths", action="store_true",
+                   help="ask for the drawn reply lengths (ignore_eos): the same work on any model")  # fmt: skip
+    p.add_argument("--model", default=None, help="default: the first model the server lists")
+    p.add_argument("--api", default="chat", choices=["chat", "completions"])
+    p.add_argument("--max-concurrency", type=positive_int, default=None, help="at most this many requests in flight")
+    p.add_argument("--ttft-target-s", type=positive_float, default=1.0, help="goodput: TTFT at most this")
+    p.add_argument("--tpot-target-s", type=positive_float, default=0.1, help="goodput: TPOT at most this")
+    p.add_argument("--hang-up", type=float, default=0.0, help="share of users who hang up mid-stream (0 to 1)")
+    p.add_argument("--timeout-s", type=positive_float, default=600.0, help="give up on a request silent this long")
+    p.add_argument("--json", action="store_true", help="print one JSON object (run --json's names)")
+    p.add_argument("--out", default=None, help="also write the summary and every request's timings here (JSON)")
+    p.set_defaults(func=cmd_load)

@@ -1,0 +1,286 @@
+"""The engine: one loop, whatever the scheduling policy.
+
+Every step:
+  1. arrive    - requests whose arrival time has come join the waiting queue
+  2. schedule  - the policy names requests to preempt and to admit, and how many tokens each
+                 seated request runs this step (scheduler.py)
+  3. preempt   - free the victims' KV, send them back to the front of the queue
+  4. admit     - each admitted request takes a free seat (and, with prefix caching, the KV
+                 blocks of its prompt's start that are already cached)
+  5. run       - every seated request with tokens to run is one row of ONE forward: decode rows
+                 run 1 token, prompts a chunk or the whole prompt (packing.py, runner.py)
+  6. finish    - rows that reached the end of their sequence got a token; EOS or length ends a
+                 request and frees its KV at once; its seat is free for the next step (or held
+                 idle, under a policy that holds seats)
+  7. record    - a StepRecord for the trace
+
+The engine never knows what runs the forward: the real model (runner.ModelRunner) or a
+simulated card on a virtual clock (simulate.py). Both give it next tokens and a clock.
+"""
+
+from __future__ import annotations
+
+import bisect
+from collections import deque
+
+from torch import nn
+
+from minillm.config import EngineConfig
+from minillm.engine.packing import pack
+from minillm.engine.request import Request, State
+from minillm.engine.runner import ModelRunner
+from minillm.engine.scheduler import Plan, Scheduler
+from minillm.engine.trace import StepRecord, Trace, request_record
+from minillm.model.tokenizer import EOS
+
+WAITING_RECORDED = 100  # ids of the queue's head recorded per step (the length is always recorded)
+
+
+class EngineError(RuntimeError):
+    """A scheduler returned a plan the engine cannot carry out (a bug in the policy)."""
+
+
+def arrival_key(r: Request) -> float:
+    return r.arrival_s if r.arrival_s is not None else r.arrival_step
+
+
+class Engine:
+    def __init__(self, model, scheduler: Scheduler, cfg: EngineConfig | None = None, meta: dict | None = None):
+        """model: a Transformer (served by a ModelRunner), or any runner (e.g. a simulated card)."""
+        self.runner = ModelRunner(model) if isinstance(model, nn.Module) else model
+        self.model = getattr(self.runner, "model", None)
+        self.scheduler, self.cfg = scheduler, cfg or EngineConfig()
+        self.max_len = min(self.cfg.max_len, self.runner.max_len)
+        self.cache = self.runner.make_cache(self.cfg, self.max_len)
+        self.device, self.clock = self.runner.device, self.runner.clock
+        self.seats: list[Request | None] = [None] * self.cfg.slots
+        self.pending: list[Request] = []  # submitted, not yet arrived (sorted by arrival)
+        self.waiting: deque[Request] = deque()  # arrived, in queue order
+        self.requests: list[Request] = []  # everything submitted, in order
+        self.records: list[StepRecord] = []
+        self.step_no, self.admissions = 0, 0
+        self.meta = meta or {}
+
+    # --- submitting ------------------------------------------------------------------------------
+    def submit(self, request: Request) -> bool:
+        """Queue a request, or reject it now (with the reason in finish_reason) if it can never be served."""
+        self.requests.append(request)
+        reason = self.rejection_reason(request)
+        if reason:
+            request.state, request.finish_reason = State.REJECTED, f"rejected: {reason}"
+            return False
+        bisect.insort(self.pending, request, key=arrival_key)  # same-time arrivals keep submit order
+        return True
+
+    def rejection_reason(self, r: Request) -> str | None:
+        if not r.prompt_ids:
+            return "empty prompt"
+        if any(not 0 <= t < self.runner.vocab_size for t in r.prompt_ids):
+            return f"prompt ids must lie in [0, {self.runner.vocab_size})"
+        if r.max_new_tokens < 1:
+            return f"max_new_tokens must be at least 1, got {r.max_new_tokens}"
+        if r.max_cached_tokens >= self.max_len:
+            return (
+                f"prompt ({len(r.prompt_ids)}) + max_new_tokens ({r.max_new_tokens}) exceeds the context of "
+                f"{self.max_len} tokens"
+            )
+        if not self.cache.can_ever_hold(r.max_cached_tokens):
+            return (
+                f"needs up to {self.cache.blocks_to_admit(r.max_cached_tokens)} KV blocks but the whole pool "
+                f"has {self.cache.num_blocks}"
+            )
+        return None
+
+    def abort(self, request_id: str, reason: str = "aborted") -> bool:
+        """Stop a request wherever it is (queued, waiting, running): its seat and KV blocks are free at once."""
+        r = next((r for r in self.requests if r.id == request_id and not r.is_finished), None)
+        if r is None:
+            return False
+        if r in self.pending:
+            self.pending.remove(r)
+        elif r in self.waiting:
+            self.waiting.remove(r)
+        elif r.seat is not None:
+            self.cache.free(r.seat)
+            self.seats[r.seat] = None
+        r.state, r.finish_reason, r.finish_step, r.finish_s = State.FINISHED, reason, self.step_no, self.clock.now()
+        return True
+
+    # --- running ---------------------------------------------------------------------------------
+    def running(self) -> list[Request]:
+        return [r for r in self.seats if r is not None and not r.is_finished]
+
+    def has_work(self) -> bool:
+        return bool(self.pending or self.waiting or self.running())
+
+    def run(self, max_steps: int = 1_000_000, progress: bool = False) -> Trace:
+        from tqdm import tqdm
+
+        total = sum(r.max_new_tokens for r in self.pending + list(self.waiting))
+        with tqdm(total=total, desc=f"{self.scheduler.name}/{self.cfg.kv}", unit="tok", disable=not progress) as bar:
+            while self.has_work() and self.step_no < max_steps:
+                bar.update(self.step().tokens)
+        return self.trace()
+
+    def step(self) -> StepRecord:
+        self._wait_for_arrivals()
+        begin = self.clock.now()
+        while self.pending and self._arrived(self.pending[0], begin):
+            request = self.pending.pop(0)
+            request.arrival_step = self.step_no  # (for arrivals in seconds: the step it joined the queue)
+            self.waiting.append(request)
+        plan = self.scheduler.schedule(list(self.waiting), list(self.seats), self.cache)
+        self._check(plan)
+        for victim in plan.preempt:
+            self._preempt(victim)
+        if plan.admit and self.scheduler.holds_finished_seats:
+            for seat, r in enumerate(self.seats):  # a new batch replaces the finished one
+                if r is not None and r.is_finished:
+                    self.seats[seat] = None
+        for request in plan.admit:
+            self._admit(request)
+        running = self.running()
+        tokens = plan.tokens if plan.tokens is not None else {r.id: r.num_pending for r in running}
+        self._check_tokens(tokens, running)
+        rows = [(r, tokens[r.id]) for r in running if tokens.get(r.id, 0) > 0]
+        kinds = {r.id: "decode" if r.is_decoding else "prefill" for r, _ in rows}
+        held = sum(1 for r in self.seats if r is not None and r.is_finished)  # computed anyway: a fixed-shape batch
+        batch = pack(rows, padding_rows=held)
+        produced = self.runner.run(batch, self.cache) if rows else []
+        for request, n in rows:
+            self._computed(request, n, kinds[request.id])
+        finished = [r for r, token in zip(batch.sampled, produced) if self._accept(r, token)]
+        made = {r.id for r in batch.sampled}
+        record = self._record(plan, rows, kinds, made, finished, batch.padding_rows, begin)
+        self.step_no += 1
+        return record
+
+    def _arrived(self, r: Request, now: float) -> bool:
+        return r.arrival_s <= now if r.arrival_s is not None else r.arrival_step <= self.step_no
+
+    def _wait_for_arrivals(self) -> None:
+        """Nothing to run and the next arrival is a time in the future: let the clock run to it."""
+        if not self.waiting and not self.running() and self.pending and self.pending[0].arrival_s is not None:
+            self.clock.wait_until(self.pending[0].arrival_s)
+
+    def _check(self, plan: Plan) -> None:
+        waiting_ids, running = {r.id for r in self.waiting}, self.running()
+        if any(r.id not in waiting_ids for r in plan.admit):
+            raise EngineError("the scheduler admitted a request that is not waiting")
+        if len({r.id for r in plan.admit}) < len(plan.admit):
+            raise EngineError("the scheduler admitted the same request twice")
+        if any(r not in running for r in plan.preempt):
+            raise EngineError("the scheduler preempted a request that is not running")
+        free = sum(s is None or (s.is_finished and self.scheduler.holds_finished_seats) for s in self.seats)
+        if len(plan.admit) > free + len(plan.preempt):
+            raise EngineError(f"the scheduler admitted {len(plan.admit)} requests into {free} free seats")
+
+    def _check_tokens(self, tokens: dict[str, int], running: list[Request]) -> None:
+        pending = {r.id: r.num_pending for r in running}
+        for rid, n in tokens.items():
+            if rid not in pending:
+                raise EngineError(f"the plan gives tokens to {rid!r}, which is not running")
+            if not isinstance(n, int) or not 0 <= n <= pending[rid]:
+                raise EngineError(f"the plan gives {rid!r} {n!r} tokens; it has {pending[rid]} to run")
+
+    def _preempt(self, request: Request) -> None:
+        self.cache.free(request.seat)
+        self.seats[request.seat], request.seat = None, None
+        request.state, request.preemptions, request.num_computed = State.WAITING, request.preemptions + 1, 0
+        self.waiting.appendleft(request)  # front of the queue: it was there first
+
+    def _admit(self, request: Request) -> None:
+        self.waiting.remove(request)
+        seat = self.seats.index(None)
+        self.seats[seat], request.seat, request.state = request, seat, State.RUNNING
+        request.admit_order, self.admissions = self.admissions, self.admissions + 1
+        if request.admit_step is None:
+            request.admit_step = self.step_no
+        if self.cfg.prefix_caching:  # start on the cached blocks of the prompt's beginning, if any
+            request.num_computed = self.cache.claim_prefix(seat, request.tokens)
+            request.cached_prompt_tokens += request.num_computed
+
+    def _computed(self, request: Request, n: int, kind: str) -> None:
+        """`n` more of the request's tokens have their keys and values in the cache."""
+        before, request.num_computed = request.num_computed, request.num_computed + n
+        if kind == "prefill":
+            request.prefill_tokens += n
+        block = self.cfg.block_size
+        if self.cfg.prefix_caching and request.num_computed // block > before // block:  # a block just filled
+            self.cache.commit(request.seat, request.tokens[: request.num_computed])
+
+    def _accept(self, request: Request, token: int) -> bool:
+        """Append the new token; finish the request (freeing its KV) on EOS or length. True if it finished."""
+        now = self.clock.now()
+        if request.first_token_step is None:
+            request.first_token_step, request.first_token_s = self.step_no, now
+        if token == EOS and not request.ignore_eos:
+            reason = "eos"
+        else:
+            request.output_ids.append(token)
+            if len(request.output_ids) < request.max_new_tokens:
+                return False
+            reason = "length"
+        request.state, request.finish_reason = State.FINISHED, reason
+        request.finish_step, request.finish_s = self.step_no, now
+        self.cache.free(request.seat)
+        if not self.scheduler.holds_finished_seats:
+            self.seats[request.seat] = None
+        return True
+
+    # --- recording -------------------------------------------------------------------------------
+    def _record(self, plan, rows, kinds, made: set[str], finished, padding: int, begin: float) -> StepRecord:
+        ran = {r.id: n for r, n in rows}
+        occupants = {r.seat: r for r in finished} | {s: r for s, r in enumerate(self.seats) if r is not None}
+        seats = []
+        for seat in sorted(occupants):
+            r = occupants[seat]
+            if r.id in ran:
+                seats.append([seat, r.id, kinds[r.id], ran[r.id], int(r.id in made)])
+            else:
+                seats.append([seat, r.id, "held" if r.is_finished else "stalled", 0, 0])
+        live = {r.seat: r for r in self.running()}
+        now = self.clock.now()
+        record = StepRecord(
+            step=self.step_no,
+            num_seats=self.cfg.slots,
+            seats=seats,
+            waiting=[r.id for _, r in zip(range(WAITING_RECORDED), self.waiting)],
+            num_waiting=len(self.waiting),
+            admitted=[r.id for r in plan.admit],
+            finished=[r.id for r in finished],
+            preempted=[r.id for r in plan.preempt],
+            tokens=len(made),
+            padding_rows=padding,
+            kv_blocks_used=self.cache.blocks_in_use(list(live)),
+            kv_blocks_total=self.cache.num_blocks,
+            kv_cached_blocks=self.cache.cached_free_blocks,
+            kv_tokens_stored=self.cache.stored_tokens,
+            wall_s=round(now - begin, 9),  # nanoseconds are plenty, and keep a long trace's JSON short
+            time_s=round(now, 9),
+        )
+        if self.cfg.record_blocks:
+            tables = self.cache.block_map(sorted(live))
+            record.kv_tables = {live[s].id: t for s, t in tables.items()}
+            record.kv_tokens = {r.id: self.cache.seat_tokens(s) for s, r in live.items()}
+            record.kv_cached_free = self.cache.cached_free_block_ids()
+        self.records.append(record)
+        return record
+
+    def trace(self) -> Trace:
+        config = {
+            "scheduler": self.scheduler.name,
+            "kv": self.cfg.kv,
+            "slots": self.cfg.slots,
+            "block_size": self.cfg.block_size,
+            "num_blocks": self.cache.num_blocks,
+            "max_len": self.max_len,
+            "token_budget": getattr(self.scheduler, "token_budget", None),
+            "prefix_caching": self.cfg.prefix_caching,
+            "device": str(self.device),
+            "clock": getattr(self.clock, "name", "wall"),
+            "model": self.meta.get("model", "minillm"),
+            "workload": self.meta.get("workload", "custom"),
+            "seed": self.meta.get("seed"),
+        } | {k: v for k, v in self.meta.items() if k not in ("model", "workload", "seed")}
+        return Trace(config=config, requests=[request_record(r) for r in self.requests], steps=list(self.records))

@@ -1,0 +1,71 @@
+"""Running one step's packed batch on the model, and the clock the engine reads.
+
+The engine decides who runs how many tokens (scheduler.py) and lays the rows out (packing.py);
+a runner turns that batch into next tokens. ModelRunner is the real thing: the KV cache makes room
+for the new tokens, the transformer runs ONE forward over every row, and each row that reached the
+end of its sequence gets its next token (greedy). A simulated card (simulate.py) is another runner
+with the same two methods, so the engine and the schedulers never know which one they drive.
+"""
+
+from __future__ import annotations
+
+import time
+
+import torch
+
+from minillm.config import EngineConfig
+from minillm.engine.kv_cache import ContiguousKVCache, PagedKVCache
+from minillm.engine.packing import Batch
+from minillm.errors import ConfigError
+from minillm.model.tokenizer import EOS
+from minillm.model.transformer import Transformer
+
+
+class WallClock:
+    """Seconds since the engine started, by the wall clock."""
+
+    def __init__(self):
+        self.start = time.perf_counter()
+
+    def now(self) -> float:
+        return time.perf_counter() - self.start
+
+    def wait_until(self, t: float) -> None:
+        """Nothing to do until `t` (the next arrival): sleep."""
+        time.sleep(max(0.0, t - self.now()))
+
+
+def greedy(logits: torch.Tensor, ignore_eos: list[bool]) -> list[int]:
+    """logits (R, V) -> the most likely token of each row. A row that ignores EOS (fixed length) never picks it."""
+    if any(ignore_eos):
+        logits = logits.clone()
+        logits[[i for i, ignore in enumerate(ignore_eos) if ignore], EOS] = float("-inf")
+    return logits.argmax(dim=-1).tolist()
+
+
+class ModelRunner:
+    def __init__(self, model: Transformer):
+        self.model = model.eval()
+        self.device = next(model.parameters()).device
+        self.vocab_size, self.max_len = model.cfg.vocab_size, model.cfg.max_seq_len
+        self.clock = WallClock()
+
+    def make_cache(self, cfg: EngineConfig, max_len: int) -> ContiguousKVCache | PagedKVCache:
+        if cfg.kv == "contiguous":
+            if cfg.prefix_caching:
+                raise ConfigError("prefix caching shares blocks, so it needs the paged KV layout: use kv='paged'")
+            return ContiguousKVCache(self.model.cfg, cfg.slots, max_len, device=self.device, block_size=cfg.block_size)
+        num_blocks = cfg.num_blocks or cfg.slots * -(-max_len // cfg.block_size)
+        return PagedKVCache(
+            self.model.cfg, num_blocks, cfg.block_size, device=self.device, prefix_caching=cfg.prefix_caching
+        )
+
+    @torch.no_grad()
+    def run(self, batch: Batch, cache: ContiguousKVCache | PagedKVCache) -> list[int]:
+        """One forward over the batch; returns the next token of each row that samples, in row order."""
+        positions = cache.prepare(batch.seats, batch.counts, batch.padding_rows)  # (1, N)
+        tokens = torch.tensor([batch.token_ids], device=self.device)  # (1, N)
+        sampled = [i for i, s in enumerate(batch.samples) if s]
+        last = torch.tensor([batch.last_index[i] for i in sampled], dtype=torch.long, device=self.device)  # (R,)
+        logits = self.model(tokens, positions, cache, logits_at=last)  # (R, V)
+        return greedy(logits, [batch.requests[i].ignore_eos for i in sampled])

@@ -1,0 +1,157 @@
+"""The trace: every step the engine took, and what became of every request.
+
+It is the single source of truth: the app replays it, the notebooks plot it, metrics
+are computed from it and tests check invariants on it. Saved as JSON (documented in
+README); a file from elsewhere is read back through runs/trace_file.py, which checks it first.
+
+Version 2 records, per step, only the seats that are occupied, each as
+[seat, request id, state, tokens it ran, tokens it produced], so a long run on a card
+with 256 seats stays small; `StepRecord.slots` gives the familiar one-entry-per-seat view.
+(Version 1 files, one entry per seat and no token counts, are upgraded by runs/trace_file.py.)
+"""
+
+from __future__ import annotations
+
+import json
+from dataclasses import MISSING, asdict, dataclass, field
+from pathlib import Path
+
+from minillm.engine.request import Request
+
+FORMAT, VERSION = "minillm-trace", 2
+# prefill: ran (a chunk of) its prompt; decode: ran its last token; held: finished, keeping its seat (static);
+# stalled: seated, but the step's token budget ran out before its turn
+SLOT_STATES = ("prefill", "decode", "held", "stalled")
+
+
+@dataclass
+class RequestRecord:
+    id: str
+    prompt_ids: list[int]
+    output_ids: list[int]
+    arrival_step: int
+    admit_step: int | None
+    first_token_step: int | None
+    finish_step: int | None
+    finish_reason: str | None  # "eos", "length", "aborted", or "rejected: <why>"
+    preemptions: int
+    prompt: str = ""
+    max_new_tokens: int = 0
+    arrival_s: float | None = None  # seconds on the run's clock (None: arrived by step; see the step's start)
+    first_token_s: float | None = None  # seconds since the run began
+    finish_s: float | None = None
+    prefill_tokens: int = 0  # prompt tokens run through the model (recomputation after preemption included)
+    cached_prompt_tokens: int = 0  # prompt tokens served from the prefix cache
+
+
+@dataclass
+class StepRecord:
+    step: int
+    seats: list[list]  # occupied seats only: [seat, request id, state, tokens run, tokens produced]
+    tokens: int  # output tokens produced this step
+    kv_blocks_used: int
+    kv_blocks_total: int
+    wall_s: float  # duration of this step
+    waiting: list[str] = field(default_factory=list)  # the head of the queue (at most engine.WAITING_RECORDED ids)
+    admitted: list[str] = field(default_factory=list)
+    finished: list[str] = field(default_factory=list)
+    preempted: list[str] = field(default_factory=list)
+    num_seats: int = 0
+    num_waiting: int = 0  # the queue's length
+    padding_rows: int = 0  # rows computed for nothing (static batching's held seats)
+    kv_cached_blocks: int = 0  # free blocks still holding a cached prefix
+    kv_tokens_stored: int = 0  # tokens in the KV cache (a shared block counted once)
+    kv_tables: dict[str, list[int]] = field(default_factory=dict)  # request id -> its KV blocks (if recorded)
+    kv_tokens: dict[str, int] = field(default_factory=dict)  # request id -> tokens stored in the cache (if recorded)
+    kv_cached_free: list[int] = field(default_factory=list)  # free blocks still holding a cached prefix (if recorded)
+    time_s: float = 0.0  # seconds since the run began, at the end of this step
+
+    @property
+    def slots(self) -> list[dict | None]:
+        """One entry per seat: None, or {"id", "state", "tokens", "produced"}."""
+        slots: list[dict | None] = [None] * self.num_seats
+        for seat, rid, state, tokens, produced in self.seats:
+            slots[seat] = {"id": rid, "state": state, "tokens": tokens, "produced": produced}
+        return slots
+
+    @property
+    def computed_tokens(self) -> int:
+        """Tokens run through the model this step (prompt chunks and decode rows, padding not included)."""
+        return sum(entry[3] for entry in self.seats)
+
+    @property
+    def prefill_tokens(self) -> int:
+        return sum(entry[3] for entry in self.seats if entry[2] == "prefill")
+
+
+@dataclass
+class Trace:
+    config: dict
+    requests: list[RequestRecord]
+    steps: list[StepRecord]
+
+    def to_dict(self) -> dict:
+        return {
+            "format": FORMAT,
+            "version": VERSION,
+            "config": self.config,
+            "requests": [asdict(r) for r in self.requests],
+            "steps": [step_to_dict(s, self.config) for s in self.steps],
+        }
+
+    def save(self, path: str | Path) -> None:
+        Path(path).write_text(json.dumps(self.to_dict(), separators=(",", ":")))
+
+    def request(self, request_id: str) -> RequestRecord:
+        return next(r for r in self.requests if r.id == request_id)
+
+    @classmethod
+    def from_dict(cls, data: dict) -> Trace:
+        """A trace from its JSON form (version 2, already checked: see runs/trace_file.py for files from elsewhere)."""
+        requests = [RequestRecord(**_known(RequestRecord, r)) for r in data["requests"]]
+        per_run = {"num_seats": data["config"]["slots"], "kv_blocks_total": data["config"]["num_blocks"]}
+        steps = [StepRecord(**(per_run | _known(StepRecord, s))) for s in data["steps"]]
+        return cls(config=data["config"], requests=requests, steps=steps)
+
+
+def request_record(r: Request) -> RequestRecord:
+    return RequestRecord(
+        id=r.id,
+        prompt_ids=list(r.prompt_ids),
+        output_ids=list(r.output_ids),
+        arrival_step=r.arrival_step,
+        admit_step=r.admit_step,
+        first_token_step=r.first_token_step,
+        finish_step=r.finish_step,
+        finish_reason=r.finish_reason,
+        preemptions=r.preemptions,
+        prompt=r.prompt,
+        max_new_tokens=r.max_new_tokens,
+        arrival_s=r.arrival_s,
+        first_token_s=r.first_token_s,
+        finish_s=r.finish_s,
+        prefill_tokens=r.prefill_tokens,
+        cached_prompt_tokens=r.cached_prompt_tokens,
+    )
+
+
+STEP_DEFAULTS = {name: f.default for name, f in StepRecord.__dataclass_fields__.items() if f.default is not MISSING}
+
+
+def step_to_dict(step: StepRecord, config: dict) -> dict:
+    """A step as JSON: fields at their default (no padding, no recorded tables...) or equal to the run's
+    config (seats, pool size) are left out, so a long simulated run
+    (tens of thousands of steps) stays small."""
+    out = {}
+    for name, value in vars(step).items():
+        if (name, value) in (("num_seats", config.get("slots")), ("kv_blocks_total", config.get("num_blocks"))):
+            continue
+        empty = isinstance(value, dict | list) and not value and name != "seats"
+        if empty or name in STEP_DEFAULTS and value == STEP_DEFAULTS[name]:
+            continue
+        out[name] = value
+    return out
+
+
+def _known(kind, data: dict) -> dict:
+    return {k: v for k, v in data.items() if k in kind.__dataclass_fields__}  # extra fields are welcome

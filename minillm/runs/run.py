@@ -1,0 +1,55 @@
+"""Serve a named workload through the engine in one call: what the CLI, app, notebooks and bench share."""
+
+from __future__ import annotations
+
+from minillm.card.simulate import SimulatedRunner, default_slots, default_token_budget
+from minillm.config import EngineConfig
+from minillm.engine.engine import Engine
+from minillm.engine.scheduler import DEFAULT_TOKEN_BUDGET, SCHEDULERS, Scheduler
+from minillm.engine.trace import Trace
+from minillm.model.transformer import Transformer
+from minillm.runs.workload import SEED_STORY_SLOTS, ChatKnobs, make_workload
+
+
+def run_workload(
+    model: Transformer | SimulatedRunner,
+    workload: str = "seed-story",
+    scheduler: str | Scheduler = "continuous",
+    kv: str = "paged",
+    slots: int | None = None,
+    num_blocks: int | None = None,
+    block_size: int = 16,
+    knobs: ChatKnobs | None = None,
+    seed: int = 0,
+    progress: bool = False,
+    token_budget: int | None = None,
+    prefix_caching: bool = False,
+) -> Trace:
+    """Build the workload, submit it all, run the engine until every request is done; return the trace.
+
+    `model` is the tiny model, or a SimulatedRunner (a real model on a simulated card).
+    `scheduler` is a name ("static", "continuous") or any object with the Scheduler protocol,
+    such as a student's own (then `token_budget` is its own business). slots defaults to 4 for the
+    seed story, 8 otherwise, and on a simulated card to as many users as its KV memory holds.
+    token_budget: tokens per step (0: none, whole prompts in the step they are admitted; None: the default,
+    scheduler.DEFAULT_TOKEN_BUDGET for the tiny model, vLLM's server default on a simulated card).
+    """
+    if token_budget is None:
+        simulated = isinstance(model, SimulatedRunner)
+        token_budget = default_token_budget(model) if simulated else DEFAULT_TOKEN_BUDGET
+    policy = SCHEDULERS[scheduler](token_budget=token_budget) if isinstance(scheduler, str) else scheduler
+    requests = make_workload(workload, knobs, seed)
+    meta = {"workload": workload, "seed": seed}
+    extra = {}
+    if isinstance(model, SimulatedRunner):  # a big model: its context, a pool sized by the card, lean records
+        typical = sum(len(r.prompt_ids) + (r.planned_reply or r.max_new_tokens) for r in requests) / len(requests)
+        slots = slots or default_slots(model, block_size, typical)
+        extra = {"max_len": model.max_len, "record_blocks": False}
+        meta |= {"model": model.spec.name, "gpu": model.card.name, "dtype": model.dtype, "kv_dtype": model.kv_dtype}
+    slots = slots or (SEED_STORY_SLOTS if workload == "seed-story" else 8)
+    cfg = EngineConfig(slots=slots, kv=kv, block_size=block_size, num_blocks=num_blocks,
+                       prefix_caching=prefix_caching, **extra)  # fmt: skip
+    engine = Engine(model, policy, cfg, meta=meta)
+    for request in requests:
+        engine.submit(request)
+    return engine.run(progress=progress)

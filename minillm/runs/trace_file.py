@@ -1,0 +1,130 @@
+"""Reading a trace file from elsewhere: checked field by field before any of it is used.
+
+A trace may come from an upload in the app, a server's /trace or an old run on disk. It is plain
+JSON (never pickle: loading runs no code from the file), and anything malformed is a TraceError that
+names the first thing wrong. Version 1 files (one entry per seat per step, no token counts) are
+upgraded to version 2's shape on the way in.
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+from minillm.engine.trace import FORMAT, SLOT_STATES, Trace
+from minillm.errors import MinillmError
+
+READABLE_VERSIONS = (1, 2)
+
+
+class TraceError(MinillmError):
+    """A trace file that is not a valid minillm trace."""
+
+
+def from_dict(data: object) -> Trace:
+    """A checked trace from parsed JSON (either version)."""
+    validate(data)
+    if data["version"] == 1:
+        data = upgrade_v1(data)
+    return Trace.from_dict(data)
+
+
+def loads(text: str | bytes) -> Trace:
+    try:
+        data = json.loads(text)
+    except (json.JSONDecodeError, UnicodeDecodeError) as e:
+        raise TraceError(f"not a JSON file ({e})") from None
+    return from_dict(data)
+
+
+def load(path: str | Path) -> Trace:
+    return loads(Path(path).read_bytes())
+
+
+def upgrade_v1(data: dict) -> dict:
+    """A version 1 trace (a full list of seats per step) in version 2's shape. A prefill then ran the
+    prompt plus any earlier output, in one go, and produced a token; every decode ran and produced one."""
+    prompt_len = {r["id"]: len(r["prompt_ids"]) for r in data["requests"]}
+    made: dict[str, int] = {}
+    steps = []
+    for s in data["steps"]:
+        seats = []
+        for seat, slot in enumerate(s["slots"]):
+            if slot is None:
+                continue
+            rid, state = slot["id"], slot["state"]
+            ran = {"prefill": prompt_len[rid] + made.get(rid, 0), "decode": 1}.get(state, 0)
+            seats.append([seat, rid, state, ran, int(state != "held")])
+            made[rid] = made.get(rid, 0) + (state != "held")
+        extra = {"num_seats": len(s["slots"]), "num_waiting": len(s["waiting"]), "seats": seats}
+        steps.append({k: v for k, v in s.items() if k != "slots"} | extra)
+    return data | {"steps": steps, "version": 2}
+
+
+CONFIG_FIELDS = ("scheduler", "kv", "slots", "block_size", "num_blocks", "model", "device", "workload", "seed")
+REQUEST_FIELDS = {"id": str, "prompt_ids": list, "output_ids": list, "arrival_step": int, "preemptions": int}
+STEP_FIELDS = {"step": int, "tokens": int, "kv_blocks_used": int, "wall_s": (int, float)}
+STEP_LISTS = ("waiting", "admitted", "finished", "preempted")  # may be left out when empty
+
+
+def validate(data: object) -> None:
+    """Raise TraceError naming the first thing wrong with a would-be trace."""
+
+    def fail(msg: str):
+        raise TraceError(f"invalid minillm trace: {msg}")
+
+    if not isinstance(data, dict):
+        fail("the top level must be a JSON object")
+    if data.get("format") != FORMAT:
+        fail(f'"format" must be "{FORMAT}", got {data.get("format")!r}')
+    if data.get("version") not in READABLE_VERSIONS:
+        fail(f"unsupported version {data.get('version')!r}; this minillm reads versions {READABLE_VERSIONS}")
+    for key, kind in (("config", dict), ("requests", list), ("steps", list)):
+        if not isinstance(data.get(key), kind):
+            fail(f'"{key}" must be a JSON {"object" if kind is dict else "array"}')
+    missing = [f for f in CONFIG_FIELDS if f not in data["config"]]
+    if missing:
+        fail(f"config lacks {missing}")
+    ids = set()
+    for i, r in enumerate(data["requests"]):
+        for name, kind in REQUEST_FIELDS.items():
+            if not isinstance(r, dict) or not isinstance(r.get(name), kind):
+                fail(f'request {i}: "{name}" is missing or not a {kind.__name__}')
+        ids.add(r["id"])
+    slots = data["config"]["slots"]
+    if not isinstance(slots, int) or slots < 1:
+        fail('config "slots" must be a positive integer')
+    for i, s in enumerate(data["steps"]):
+        for name, kind in STEP_FIELDS.items():
+            if not isinstance(s, dict) or not isinstance(s.get(name), kind):
+                fail(f'step {i}: "{name}" is missing or has the wrong type')
+        for name in STEP_LISTS:
+            if not isinstance(s.get(name, []), list):
+                fail(f'step {i}: "{name}" must be a list')
+        if not isinstance(s.get("kv_blocks_total", 0), int):
+            fail(f'step {i}: "kv_blocks_total" must be an integer')
+        if data["version"] == 1:
+            _validate_v1_slots(s, i, slots, ids, fail)
+        else:
+            _validate_seats(s, i, slots, ids, fail)
+
+
+def _validate_v1_slots(s: dict, i: int, slots: int, ids: set, fail) -> None:
+    if not isinstance(s.get("slots"), list) or len(s["slots"]) != slots:
+        fail(f"step {i}: needs {slots} slots, as config says")
+    for slot in s["slots"]:
+        if slot is not None and (not isinstance(slot, dict) or slot.get("state") not in SLOT_STATES):
+            fail(f"step {i}: a slot must be null or {{'id', 'state': {'|'.join(SLOT_STATES)}}}")
+        if slot is not None and slot.get("id") not in ids:
+            fail(f"step {i}: slot names unknown request {slot.get('id')!r}")
+
+
+def _validate_seats(s: dict, i: int, slots: int, ids: set, fail) -> None:
+    if not isinstance(s.get("seats"), list) or s.get("num_seats", slots) != slots:
+        fail(f'step {i}: "seats" must be a list and "num_seats" must equal config slots ({slots})')
+    for entry in s["seats"]:
+        ok = isinstance(entry, list) and len(entry) == 5 and isinstance(entry[0], int) and 0 <= entry[0] < slots
+        if not ok or entry[2] not in SLOT_STATES or not all(isinstance(x, int) for x in entry[3:]):
+            fail(f"step {i}: a seat must be [seat < {slots}, id, {'|'.join(SLOT_STATES)}, tokens, produced]")
+        if entry[1] not in ids:
+            fail(f"step {i}: seat names unknown request {entry[1]!r}")

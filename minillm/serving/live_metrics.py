@@ -1,0 +1,81 @@
+"""A running server's figures, in the Prometheus text format that monitoring tools scrape from /metrics.
+
+Three kinds of figure, as in every serving engine's /metrics:
+  gauge      a value now            requests running and waiting, KV blocks used and in the pool
+  counter    a total that only grows steps, tokens produced, preemptions, requests by how they ended
+  histogram  counts per bucket      TTFT and inter-token latency, measured on the engine's clock
+
+The names follow vLLM's (vllm:num_requests_running, vllm:num_requests_waiting, vllm:kv_cache_usage_perc,
+vllm:generation_tokens_total, vllm:num_preemptions_total, vllm:time_to_first_token_seconds,
+vllm:inter_token_latency_seconds: docs.vllm.ai, "Metrics" design page), with a minillm_ prefix.
+The engine thread writes these; /metrics asks it (ServeLoop.ask) for a rendering between two steps.
+These are the server's view: a client's TTFT adds the network and the HTTP handling (loadgen.py measures it).
+"""
+
+from __future__ import annotations
+
+from bisect import bisect_left
+
+from minillm.engine.trace import StepRecord
+
+TTFT_BUCKETS_S = (0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0, 60.0)
+ITL_BUCKETS_S = (0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5)
+OUTCOMES = ("eos", "length", "aborted", "rejected", "refused")  # refused: the queue was full (HTTP 429)
+
+
+class Histogram:
+    def __init__(self, buckets: tuple[float, ...]):
+        self.buckets, self.counts = buckets, [0] * (len(buckets) + 1)  # the last: above every bucket
+        self.total, self.count = 0.0, 0
+
+    def observe(self, value: float) -> None:
+        self.counts[bisect_left(self.buckets, value)] += 1  # bucket i holds values <= buckets[i]
+        self.total, self.count = self.total + value, self.count + 1
+
+    def lines(self, name: str) -> list[str]:
+        out, running = [], 0
+        for bound, n in zip((*self.buckets, "+Inf"), self.counts):
+            running += n  # Prometheus buckets are cumulative: everything <= the bound
+            out.append(f'{name}_bucket{{le="{bound}"}} {running}')
+        return out + [f"{name}_sum {self.total:.6f}", f"{name}_count {self.count}"]
+
+
+class LiveStats:
+    def __init__(self):
+        self.steps = self.tokens = self.preemptions = 0
+        self.outcomes = dict.fromkeys(OUTCOMES, 0)
+        self.ttft, self.itl = Histogram(TTFT_BUCKETS_S), Histogram(ITL_BUCKETS_S)
+
+    def on_step(self, record: StepRecord) -> None:
+        self.steps += 1
+        self.tokens += record.tokens
+        self.preemptions += len(record.preempted)
+
+    def count(self, outcome: str) -> None:
+        self.outcomes[outcome] = self.outcomes.get(outcome, 0) + 1
+
+
+def prometheus_text(stats: LiveStats, gauges: dict[str, int]) -> str:
+    """gauges: the engine's state now (running, waiting, kv_blocks_used, kv_blocks_total)."""
+    lines = []
+
+    def metric(name: str, kind: str, help_text: str, samples: list[str]) -> None:
+        lines.extend([f"# HELP minillm_{name} {help_text}", f"# TYPE minillm_{name} {kind}"])
+        lines.extend(f"minillm_{s}" for s in samples)
+
+    metric("requests_running", "gauge", "Requests in a seat.", [f"requests_running {gauges['running']}"])
+    metric("requests_waiting", "gauge", "Requests in the queue.", [f"requests_waiting {gauges['waiting']}"])
+    metric("kv_blocks_used", "gauge", "KV blocks held by requests.", [f"kv_blocks_used {gauges['kv_blocks_used']}"])
+    metric("kv_blocks_total", "gauge", "KV blocks in the pool.", [f"kv_blocks_total {gauges['kv_blocks_total']}"])
+    metric("steps_total", "counter", "Engine steps taken.", [f"steps_total {stats.steps}"])
+    metric("generation_tokens_total", "counter", "Output tokens produced (an EOS counts).",
+           [f"generation_tokens_total {stats.tokens}"])  # fmt: skip
+    metric("preemptions_total", "counter", "Requests sent back to the queue to free KV blocks.",
+           [f"preemptions_total {stats.preemptions}"])  # fmt: skip
+    metric("requests_total", "counter", "Requests by how they ended (refused: the queue was full).",
+           [f'requests_total{{outcome="{k}"}} {v}' for k, v in stats.outcomes.items()])  # fmt: skip
+    metric("time_to_first_token_seconds", "histogram", "Arrival to first token, on the engine's clock.",
+           stats.ttft.lines("time_to_first_token_seconds"))  # fmt: skip
+    metric("inter_token_latency_seconds", "histogram", "Gap between two tokens of one request.",
+           stats.itl.lines("inter_token_latency_seconds"))  # fmt: skip
+    return "\n".join(lines) + "\n"

@@ -1,0 +1,217 @@
+"""A load generator: a workload's users sent to any OpenAI-compatible server, timed from the client's side.
+
+Each user is a streamed request sent at its arrival time (Poisson arrivals in wall time, or all at
+once); every chunk of text is timed as it arrives. From those times, per request:
+
+    TTFT      send -> the first chunk with text      (queueing + prefill + HTTP + streaming)
+    ITL       the gaps between chunks with text
+    TPOT      (latency - TTFT) / (output tokens - 1)  (as vLLM's benchmark_serving computes it)
+    latency   send -> the end of the stream
+
+and for the run: output tokens/s over the wall time, and goodput: the requests that met both a TTFT
+and a TPOT target (what a user would call "fast enough"), per second. The names are those of
+`python -m minillm run --json` (ttft_p50_s, itl_p99_s, tokens_per_s, ...) so the two can be compared.
+
+Token counts come from the `usage` the server sends at the end of the stream (asked for with
+stream_options.include_usage); a server that sends none is counted one token per chunk, which is
+what most send. Nothing here is specific to minillm: point it at vLLM or SGLang and it measures them.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import random
+import time
+from dataclasses import dataclass, field
+
+import httpx
+
+from minillm.errors import ConfigError
+from minillm.model.tokenizer import SEP, decode
+from minillm.runs.metrics import percentiles
+from minillm.runs.workload import ChatKnobs, make_workload
+
+LOAD_WORKLOADS = ("chat", "system-prompt", "long-prompts")  # the crowds with arrivals per second
+
+
+@dataclass
+class Job:
+    """One user: what they send and when."""
+
+    prompt: str
+    max_tokens: int
+    send_at_s: float = 0.0
+    preamble: str | None = None  # sent as the system message
+    ignore_eos: bool = False  # run to exactly max_tokens (vLLM and minillm accept this extension)
+    hang_up_after: int | None = None  # close the connection after this many chunks with text
+
+
+@dataclass
+class Outcome:
+    job: Job
+    sent_s: float = 0.0  # since the run began
+    chunk_s: list[float] = field(default_factory=list)  # arrival of each chunk with text, since the run began
+    end_s: float | None = None
+    text: str = ""
+    token_ids: list[int] = field(default_factory=list)  # when the server sends them (return_token_ids)
+    output_tokens: int = 0
+    finish_reason: str | None = None
+    response_id: str | None = None  # the server's id for it (minillm's: "cmpl-r17" for request r17)
+    error: str | None = None
+    hung_up: bool = False
+
+    @property
+    def ok(self) -> bool:
+        return self.error is None and not self.hung_up and self.end_s is not None
+
+
+def split_prompt(ids: list[int]) -> tuple[str | None, str]:
+    """A workload's prompt ids back into (system message, user message): <bos> [preamble <sep>] prompt <sep>."""
+    seps = [i for i, t in enumerate(ids) if t == SEP]
+    if len(seps) >= 2:
+        return decode(ids[1 : seps[0]]), decode(ids[seps[0] + 1 : seps[-1]])
+    return None, decode(ids[1:-1])
+
+
+def jobs_from_workload(name: str, requests: int, rate_per_s: float | None = None, seed: int = 0,
+                       force_lengths: bool = False, hang_up: float = 0.0) -> list[Job]:  # fmt: skip
+    """The same users `python -m minillm run --workload NAME --rate-per-s R --seed S` serves offline.
+
+    rate_per_s None: everyone at once. hang_up: the share of users who close the connection after a
+    random number of chunks (0 to 8)."""
+    if name not in LOAD_WORKLOADS:
+        raise ConfigError(f"load sends the workloads {', '.join(LOAD_WORKLOADS)} (text prompts, arrivals per "
+                          f"second); {name!r} is not one of them")  # fmt: skip
+    if not 0 <= hang_up <= 1:
+        raise ConfigError(f"hang_up is a share of the users, in [0, 1]; got {hang_up}")
+    knobs = ChatKnobs(requests=requests, rate_per_s=rate_per_s or 1.0, force_lengths=force_lengths)
+    rng, jobs = random.Random(seed + 7), []
+    for r in make_workload(name, knobs, seed):
+        preamble, prompt = split_prompt(r.prompt_ids)
+        hang = rng.randint(0, 8) if rng.random() < hang_up else None
+        jobs.append(Job(prompt, r.max_new_tokens, r.arrival_s if rate_per_s else 0.0, preamble, r.ignore_eos, hang))
+    return jobs
+
+
+def request_body(job: Job, model: str, api: str) -> dict:
+    body = {"model": model, "max_tokens": job.max_tokens, "stream": True, "stream_options": {"include_usage": True},
+            "temperature": 0.0}  # fmt: skip
+    if api == "chat":
+        messages = [{"role": "system", "content": job.preamble}] if job.preamble else []
+        body["messages"] = messages + [{"role": "user", "content": job.prompt}]
+    elif job.preamble:
+        raise ConfigError("this workload has system prompts, which only the chat API can send: use --api chat")
+    else:
+        body["prompt"] = job.prompt
+    if job.ignore_eos:
+        body["ignore_eos"] = True
+    return body
+
+
+async def send(client: httpx.AsyncClient, url: str, body: dict, out: Outcome, t0: float) -> None:
+    """One streamed request; fills `out` as the chunks come."""
+    endpoint = f"{url}/chat/completions" if "messages" in body else f"{url}/completions"
+    out.sent_s = time.perf_counter() - t0
+    async with client.stream("POST", endpoint, json=body) as response:
+        if response.status_code != 200:
+            await response.aread()
+            out.error = f"HTTP {response.status_code}: {response.text[:300]}"
+            return
+        pieces, usage = [], None
+        async for line in response.aiter_lines():
+            if not line.startswith("data:"):
+                continue
+            data = line[5:].strip()
+            if data == "[DONE]":
+                break
+            message = json.loads(data)
+            if "error" in message:
+                out.error = str(message["error"])
+                return
+            out.response_id = message.get("id", out.response_id)
+            usage = message.get("usage") or usage
+            for choice in message.get("choices") or []:
+                text = choice.get("text") if "text" in choice else (choice.get("delta") or {}).get("content")
+                if text:
+                    out.chunk_s.append(time.perf_counter() - t0)
+                    pieces.append(text)
+                out.token_ids += choice.get("token_ids") or []
+                out.finish_reason = choice.get("finish_reason") or out.finish_reason
+            if out.job.hang_up_after is not None and len(out.chunk_s) >= out.job.hang_up_after:
+                out.hung_up = True  # leaving the `async with` closes the connection mid-stream
+                return
+        out.end_s = time.perf_counter() - t0
+        out.text = "".join(pieces)
+        out.output_tokens = usage["completion_tokens"] if usage else len(out.chunk_s)
+
+
+async def run_jobs(url: str, jobs: list[Job], model: str | None = None, api: str = "chat",
+                   max_concurrency: int | None = None, timeout_s: float = 600.0,
+                   extra_body: dict | None = None) -> list[Outcome]:  # fmt: skip
+    """Send every job at its time (waiting for a free client first, with max_concurrency); one Outcome each.
+    extra_body: more fields for every request (e.g. {"return_token_ids": True}, which minillm and vLLM know)."""
+    if api not in ("chat", "completions"):
+        raise ConfigError(f"api must be 'chat' or 'completions', got {api!r}")
+    url = url.rstrip("/")
+    limits = httpx.Limits(max_connections=max_concurrency or len(jobs), max_keepalive_connections=max_concurrency)
+    async with httpx.AsyncClient(limits=limits, timeout=httpx.Timeout(timeout_s, connect=30.0)) as client:
+        model = model or await served_model(client, url)
+        gate = asyncio.Semaphore(max_concurrency or len(jobs))
+        outcomes = [Outcome(job) for job in jobs]
+        bodies = [request_body(job, model, api) | (extra_body or {}) for job in jobs]
+        t0 = time.perf_counter()
+
+        async def user(body: dict, out: Outcome) -> None:
+            await asyncio.sleep(max(0.0, out.job.send_at_s - (time.perf_counter() - t0)))
+            async with gate:
+                try:
+                    await send(client, url, body, out, t0)
+                except (httpx.HTTPError, json.JSONDecodeError) as e:
+                    out.error = f"{type(e).__name__}: {e}"
+
+        await asyncio.gather(*(user(b, o) for b, o in zip(bodies, outcomes)))
+    return outcomes
+
+
+async def served_model(client: httpx.AsyncClient, url: str) -> str:
+    """The first model the server lists (GET /v1/models), as vLLM's benchmark does when none is named."""
+    try:
+        response = await client.get(f"{url}/models")
+        return response.json()["data"][0]["id"]
+    except (httpx.HTTPError, ValueError, KeyError, IndexError) as e:
+        raise ConfigError(f"could not ask {url}/models which model it serves ({e}); is a server running "
+                          "there? (python -m minillm serve), or name the model with --model") from None  # fmt: skip
+
+
+def summarize_load(outcomes: list[Outcome], ttft_target_s: float = 1.0, tpot_target_s: float = 0.1) -> dict:
+    """The client's figures, named as metrics.summarize names the server's."""
+    done = [o for o in outcomes if o.ok]
+    began = min((o.sent_s for o in outcomes), default=0.0)
+    wall = max((o.end_s for o in done), default=began) - began
+    ttft = {id(o): o.chunk_s[0] - o.sent_s for o in done if o.chunk_s}
+    tpot = {id(o): (o.end_s - o.chunk_s[0]) / (o.output_tokens - 1) for o in done if o.chunk_s and o.output_tokens > 1}
+    itl = [b - a for o in done for a, b in zip(o.chunk_s, o.chunk_s[1:])]
+    good = [o for o in done if id(o) in ttft and ttft[id(o)] <= ttft_target_s and tpot.get(id(o), 0) <= tpot_target_s]
+    tokens = sum(o.output_tokens for o in done)
+    summary = {
+        "requests": len(outcomes),
+        "finished": len(done),
+        "aborted": sum(o.hung_up for o in outcomes),  # hung up on purpose (--hang-up)
+        "errors": sum(o.error is not None for o in outcomes),
+        "output_tokens": tokens,
+        "wall_s": wall,
+        "tokens_per_s": tokens / wall if wall > 0 else 0.0,
+        "requests_per_s": len(done) / wall if wall > 0 else 0.0,
+        "ttft_target_s": ttft_target_s,
+        "tpot_target_s": tpot_target_s,
+        "goodput_requests": len(good),
+        "goodput_per_s": len(good) / wall if wall > 0 else 0.0,
+        "goodput_share": len(good) / len(done) if done else 0.0,
+    }
+    figures = {"ttft": list(ttft.values()), "tpot": list(tpot.values()), "itl": itl,
+               "latency": [o.end_s - o.sent_s for o in done]}  # fmt: skip
+    for name, values in figures.items():
+        summary |= {f"{name}_{k}_s": v for k, v in percentiles(values).items()}
+    first_error = next((o.error for o in outcomes if o.error), None)
+    return summary | ({"first_error": first_error} if first_error else {})

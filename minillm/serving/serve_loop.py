@@ -1,0 +1,243 @@
+"""The engine on a thread of its own: how a step loop becomes a server.
+
+A web server answers many connections at once; the engine must take one step after another, and
+only one piece of code may touch it (its queues, its seats, the KV cache and the model are not
+thread-safe). So the engine gets a thread of its own, and everyone else talks to it through two
+one-way channels:
+
+    inbox        any thread -> the engine thread:  submit a request, abort one, ask a question
+    TokenStream  the engine thread -> one reader:  accepted (or refused), tokens as steps make them, done
+
+The loop, on the engine thread:
+
+    while serving:
+        take everything in the inbox     (a request arrives now: arrival_s is the engine clock's now)
+        if the engine has work: one step, then hand each request the tokens the step made
+        else: sleep until the inbox has something (no busy spinning)
+
+Handing a request over is a put on a queue, and reading a stream never waits for the engine
+thread, so nothing the HTTP side does can hold up a step. A client that hangs up sends an abort:
+its request leaves the queue or its seat, and its KV blocks are free before the next step runs.
+
+A server runs for hours while the engine records every step: this loop keeps only the last
+`keep_steps` steps (and the requests they mention), so memory stays bounded, and `trace()`
+gives that window as an ordinary trace (trace_window.py) that metrics.py and the app read.
+"""
+
+from __future__ import annotations
+
+import queue
+import threading
+from collections.abc import Callable
+from concurrent.futures import Future
+from dataclasses import dataclass
+
+from minillm.engine.engine import Engine
+from minillm.engine.request import Request
+from minillm.engine.trace import Trace, request_record
+from minillm.serving.live_metrics import LiveStats, prometheus_text
+from minillm.serving.token_stream import AsyncTokenStream, Event, TokenStream, deliver
+from minillm.serving.trace_window import window
+
+RETRY_AFTER_S = 1  # what a client refused for a full queue is told to wait (a hint: the queue drains in seconds)
+
+
+@dataclass
+class Listener:
+    request: Request
+    stream: TokenStream | AsyncTokenStream
+    sent: int = 0  # output tokens already handed to the stream
+    last_token_s: float | None = None  # when it last made a token (engine clock), for the inter-token gaps
+
+
+class ServeLoop:
+    """Runs `engine` on its own thread; submit(), abort(), ask() and trace() may be called from any thread."""
+
+    def __init__(self, engine: Engine, max_waiting: int = 256, keep_steps: int = 10_000, stream_interval: int = 1):
+        """stream_interval: send a request's tokens once this many have piled up (its first token and its last
+        always go at once). 1: every token as it is made; more: fewer, larger chunks, less work per token for
+        the HTTP side and the client (vLLM's and SGLang's --stream-interval)."""
+        self.engine, self.max_waiting, self.keep_steps = engine, max_waiting, keep_steps
+        self.stream_interval = stream_interval
+        self.max_len = engine.max_len  # the context: fixed, so handlers may read it
+        self.config = engine.trace().config | {"workload": "live"}  # fixed for the engine's life
+        self.stats = LiveStats()  # counters and histograms for /metrics (written by the engine thread only)
+        self.inbox: queue.SimpleQueue[tuple] = queue.SimpleQueue()
+        self.listeners: dict[str, Listener] = {}  # request id -> who reads its tokens, while it lives
+        self.error: BaseException | None = None  # what stopped the engine thread, if anything did
+        self.unseated = 0  # requests kept that ended without a seat (see _ended_unseated)
+        self.outbox: list[tuple[TokenStream | AsyncTokenStream, Event]] = []  # events to deliver (see deliver)
+        self._thread = threading.Thread(target=self._serve, name="minillm-engine", daemon=True)
+
+    # --- any thread --------------------------------------------------------------------------------
+    def start(self) -> ServeLoop:
+        self._thread.start()
+        return self
+
+    def stop(self, timeout: float = 10.0) -> None:
+        self.inbox.put(("stop",))
+        self._thread.join(timeout)
+
+    @property
+    def alive(self) -> bool:
+        return self._thread.is_alive()
+
+    def submit(self, request: Request, stream: TokenStream | AsyncTokenStream) -> None:
+        """Hand a request to the engine thread; its stream says first "accepted" or "refused"."""
+        self.inbox.put(("submit", request, stream))
+
+    def abort(self, request_id: str) -> None:
+        """Stop a request wherever it is (a client hung up). Aborting a finished request does nothing."""
+        self.inbox.put(("abort", request_id))
+
+    def ask(self, question: Callable[[Engine], object]) -> Future:
+        """Run question(engine) on the engine thread between two steps; the future holds the answer."""
+        answer: Future = Future()
+        self.inbox.put(("ask", question, answer))
+        return answer
+
+    def trace(self, last_steps: int | None = None, since_step: int | None = None, timeout: float = 30.0) -> Trace:
+        """The recorded window (or its last `last_steps` steps, or the steps after `since_step`) as a trace."""
+        return window(*self.ask(lambda _: self._snapshot(last_steps, since_step)).result(timeout))
+
+    def metrics_text(self, timeout: float = 30.0) -> str:
+        """The Prometheus text for /metrics: gauges read between two steps, so they agree with each other."""
+        return self.ask(lambda engine: prometheus_text(self.stats, gauges(engine))).result(timeout)
+
+    # --- the engine thread ---------------------------------------------------------------------------
+    def _serve(self) -> None:
+        try:
+            while self._take_inbox(wait=not self.engine.has_work()):
+                self._deliver()  # "accepted" goes out now: the HTTP side answers while the step runs
+                if self.engine.has_work():
+                    record = self.engine.step()
+                    self.stats.on_step(record)
+                    self._hand_out(record)
+                    self._forget_old_steps()
+                    self._deliver()
+        except BaseException as e:  # noqa: BLE001 (a bug must not leave clients waiting forever)
+            self.error = e
+            for listener in self.listeners.values():
+                listener.stream.put(Event("done", detail=f"error: {e!r}"))
+            raise
+
+    def _deliver(self) -> None:
+        if self.outbox:
+            deliver(self.outbox)
+            self.outbox = []
+
+    def _take_inbox(self, wait: bool) -> bool:
+        """Carry out everything in the inbox; with `wait`, sleep until something comes. False: stop serving."""
+        try:
+            message = self.inbox.get() if wait else self.inbox.get_nowait()
+        except queue.Empty:
+            return True
+        while True:
+            kind, *args = message
+            if kind == "stop":
+                return False
+            getattr(self, f"_{kind}")(*args)
+            try:
+                message = self.inbox.get_nowait()
+            except queue.Empty:
+                return True
+
+    def _submit(self, request: Request, stream: TokenStream | AsyncTokenStream) -> None:
+        engine = self.engine
+        queued = len(engine.pending) + len(engine.waiting)
+        if queued >= self.max_waiting:  # backpressure: refuse now rather than queue without end
+            self.stats.count("refused")
+            detail = f"the queue is full ({queued} waiting, this server's --max-waiting): try again shortly"
+            self.outbox.append((stream, Event("refused", status=429, detail=detail)))
+            return
+        request.arrival_s, request.arrival_step = engine.clock.now(), engine.step_no  # it arrives now
+        if not engine.submit(request):
+            request.finish_step = engine.step_no  # (so the trace's window knows when it left)
+            self.stats.count("rejected")
+            reason = request.finish_reason.removeprefix("rejected: ")
+            self.outbox.append((stream, Event("refused", status=400, detail=reason)))
+            self._ended_unseated()
+            return
+        self.listeners[request.id] = Listener(request, stream)
+        self.outbox.append((stream, Event("accepted")))
+
+    def _abort(self, request_id: str) -> None:
+        listener = self.listeners.pop(request_id, None)
+        if self.engine.abort(request_id):  # it was queued or running: its seat and KV blocks are free now
+            self.stats.count("aborted")
+            if listener is not None and listener.request.admit_step is None:
+                self._ended_unseated()
+        if listener is not None:
+            self.outbox.append((listener.stream, Event("done", detail="aborted")))
+
+    def _ask(self, question: Callable[[Engine], object], answer: Future) -> None:
+        try:
+            answer.set_result(question(self.engine))
+        except Exception as e:  # noqa: BLE001 (the asker gets the error, the engine keeps serving)
+            answer.set_exception(e)
+
+    def _hand_out(self, record) -> None:
+        """Give every request that made a token this step (or finished) its new tokens."""
+        made = [entry[1] for entry in record.seats if entry[4]]
+        for request_id in dict.fromkeys(made + record.finished):
+            listener = self.listeners.get(request_id)
+            if listener is None:
+                continue
+            request = listener.request
+            if listener.last_token_s is None:
+                self.stats.ttft.observe(request.first_token_s - request.arrival_s)
+            else:
+                self.stats.itl.observe(record.time_s - listener.last_token_s)
+            listener.last_token_s = record.time_s
+            new = request.output_ids[listener.sent :]
+            due = listener.sent == 0 or len(new) >= self.stream_interval or request.is_finished
+            if new and due:
+                self.outbox.append((listener.stream, Event("tokens", tokens=new)))
+                listener.sent += len(new)
+            if request.is_finished:
+                self.stats.count(request.finish_reason)
+                self.outbox.append((listener.stream, Event("done", detail=request.finish_reason)))
+                del self.listeners[request_id]
+
+    def _forget_old_steps(self) -> None:
+        """Keep the last keep_steps steps, and the requests still alive or finished within them (trimmed in
+        batches: deleting the head of a list costs its length, so do it once per keep_steps steps)."""
+        records = self.engine.records
+        if len(records) <= 2 * self.keep_steps:
+            return
+        del records[: len(records) - self.keep_steps]
+        first = records[0].step
+        self.engine.requests = [r for r in self.engine.requests if not finished_before(r, first)]
+
+    def _ended_unseated(self) -> None:
+        """A request ended without ever having a seat (refused by the engine, or aborted in the queue). No step
+        names it, so the step window does not bound them: keep the last keep_steps of them."""
+        self.unseated += 1
+        if self.unseated > 2 * self.keep_steps:
+            gone = [r for r in self.engine.requests if r.is_finished and r.admit_step is None]
+            drop = {id(r) for r in gone[: len(gone) - self.keep_steps]}
+            self.engine.requests = [r for r in self.engine.requests if id(r) not in drop]
+            self.unseated = self.keep_steps
+
+    def _snapshot(self, last_steps: int | None, since_step: int | None):
+        """Copies of what a trace needs, taken between two steps (serializing them is the caller's work)."""
+        steps = self.engine.records[-last_steps:] if last_steps else list(self.engine.records)
+        if since_step is not None:
+            steps = [s for s in steps if s.step > since_step]
+        first = steps[0].step if steps else self.engine.step_no
+        requests = [request_record(r) for r in self.engine.requests if not finished_before(r, first)]
+        return dict(self.config), requests, steps, first  # step records are never changed once made: no copy needed
+
+
+def gauges(engine: Engine) -> dict[str, int]:
+    running = engine.running()
+    return {
+        "running": len(running),
+        "waiting": len(engine.pending) + len(engine.waiting),
+        "kv_blocks_used": engine.cache.blocks_in_use([r.seat for r in running]),
+        "kv_blocks_total": engine.cache.num_blocks,
+    }
+
+
+def finished_before(r: Request, step: int) -> bool:
+    return r.is_finished and r.finish_step is not None and r.finish_step < step

@@ -1,0 +1,109 @@
+"""The package's architecture, read from its imports (ast, nothing is imported): the rules stay true.
+
+Imports run one way, folder by folder (model <- engine <- training, card <- runs <- serving <- bench <- cli),
+no module imports another that imports it back, the core stays small enough to read in an evening, and no
+file holds more than one idea's worth of lines.
+"""
+
+from __future__ import annotations
+
+import ast
+from pathlib import Path
+
+import pytest
+
+PACKAGE = Path(__file__).resolve().parent.parent / "minillm"
+# A folder may import from folders on a lower floor (and from itself); the top-level config.py and errors.py
+# are the ground floor everyone stands on.
+FLOORS = {"errors": 0, "config": 0.5, "model": 1, "engine": 2, "training": 3, "card": 3, "runs": 4, "serving": 5,
+          "bench": 6, "cli": 7, "__main__": 8, "__init__": 8}  # fmt: skip
+CORE = ("engine", "model")
+CORE_MAX_LINES = 1_900
+FILE_MAX_LINES = 300
+
+
+def module_name(path: Path) -> str:
+    parts = path.relative_to(PACKAGE.parent).with_suffix("").parts
+    return ".".join(parts[:-1] if parts[-1] == "__init__" else parts)
+
+
+def imported_modules(path: Path) -> set[str]:
+    """Every minillm module this file imports, at the top or inside a function (a lazy import is still one)."""
+    found = set()
+    for node in ast.walk(ast.parse(path.read_text())):
+        if isinstance(node, ast.ImportFrom) and node.module and node.module.startswith("minillm"):
+            for alias in node.names:  # `from minillm.card import roofline` imports the module minillm.card.roofline
+                candidate = f"{node.module}.{alias.name}"
+                found.add(candidate if candidate in MODULES else node.module)
+        elif isinstance(node, ast.Import):
+            found |= {a.name for a in node.names if a.name.startswith("minillm")}
+    return found
+
+
+FILES = sorted(PACKAGE.rglob("*.py"))
+MODULES = {module_name(p) for p in FILES}
+GRAPH = {module_name(p): imported_modules(p) for p in FILES}
+
+
+def folder(module: str) -> str:
+    parts = module.split(".")
+    return parts[1] if len(parts) > 1 else "__init__"
+
+
+@pytest.mark.parametrize("module", sorted(GRAPH))
+def test_imports_run_one_way(module):
+    here = folder(module)
+    upward = [m for m in GRAPH[module] if folder(m) != here and FLOORS[folder(m)] >= FLOORS[here]]
+    assert not upward, f"{module} (floor {FLOORS[here]}: {here}/) imports {upward} from its own floor or above"
+
+
+def test_every_folder_has_a_floor():
+    assert {folder(m) for m in GRAPH} <= set(FLOORS), "a new folder needs its place in FLOORS"
+
+
+def test_no_import_circle():
+    state: dict[str, str] = {}
+
+    def visit(module: str, path: list[str]) -> None:
+        state[module] = "open"
+        for other in GRAPH.get(module, ()):
+            if other.startswith("minillm") and other != module and other not in ("minillm",):
+                if state.get(other) == "open":
+                    raise AssertionError("import circle: " + " -> ".join(path + [other]))
+                if other not in state:
+                    visit(other, path + [other])
+        state[module] = "done"
+
+    for module in sorted(GRAPH):
+        if module not in state:
+            visit(module, [module])
+
+
+def test_the_engine_knows_nothing_of_cards_servers_benchmarks_or_pictures():
+    for module, imports in GRAPH.items():
+        if folder(module) == "engine":
+            outside = [m for m in imports if folder(m) in ("card", "serving", "bench", "runs", "training", "cli")]
+            assert not outside, f"{module} imports {outside}"
+    package_text = "\n".join(p.read_text() for p in FILES)
+    assert "import viz" not in package_text and "from viz" not in package_text, "minillm must never import viz"
+
+
+def test_the_core_reads_in_an_evening():
+    """engine/ and model/: their code files (each folder's __init__.py is a reading guide and its public names)."""
+    core = [p for p in FILES if folder(module_name(p)) in CORE and p.name != "__init__.py"]
+    lines = sum(len(p.read_text().splitlines()) for p in core)
+    assert lines <= CORE_MAX_LINES, f"engine/ + model/ hold {lines} lines (at most {CORE_MAX_LINES})"
+
+
+@pytest.mark.parametrize("path", FILES, ids=lambda p: str(p.relative_to(PACKAGE)))
+def test_one_idea_per_file(path):
+    lines = len(path.read_text().splitlines())
+    assert lines <= FILE_MAX_LINES, f"{path.relative_to(PACKAGE)} has {lines} lines: is a second idea hiding in it?"
+
+
+def test_the_rules_catch_an_upward_import(tmp_path):
+    """The checker itself: an engine file importing the cost model is caught."""
+    bad = tmp_path / "bad.py"
+    bad.write_text("from minillm.card.roofline import step_cost\n")
+    assert "minillm.card.roofline" in imported_modules(bad)
+    assert FLOORS["card"] >= FLOORS["engine"]
