@@ -107,3 +107,25 @@ def test_the_rules_catch_an_upward_import(tmp_path):
     bad.write_text("from minillm.card.roofline import step_cost\n")
     assert "minillm.card.roofline" in imported_modules(bad)
     assert FLOORS["card"] >= FLOORS["engine"]
+
+
+def lazy_and_top_imports() -> list[tuple[str, str, str]]:
+    """(file, module, name) for every `from minillm... import name` in the package, inside functions too."""
+    found = []
+    for path in FILES:
+        for node in ast.walk(ast.parse(path.read_text())):
+            if isinstance(node, ast.ImportFrom) and node.module and node.module.startswith("minillm"):
+                found += [(str(path.relative_to(PACKAGE)), node.module, alias.name) for alias in node.names]
+    return found
+
+
+def test_every_import_in_the_package_resolves():
+    """A function's own imports run only when it is called: a moved name would break a command nobody tested."""
+    import importlib
+
+    missing = []
+    for file, module, name in lazy_and_top_imports():
+        target = importlib.import_module(module)
+        if not hasattr(target, name) and importlib.util.find_spec(f"{module}.{name}") is None:
+            missing.append(f"{file}: from {module} import {name}")
+    assert not missing, "imports that would fail when run:\n" + "\n".join(missing)
