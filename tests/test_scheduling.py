@@ -156,8 +156,8 @@ def test_prefix_caching_is_token_exact_and_saves_prefill(scheduler_cls, budget, 
         assert_token_exact(model, requests)
         assert engine.cache.free_blocks == engine.cache.num_blocks
         figures[caching] = summarize(trace)
-    assert figures[False]["cached_prompt_tokens"] == 0
-    assert figures[True]["cached_prompt_tokens"] > 0 and figures[True]["prefix_hit_rate"] > 0.3
+    assert figures[False]["prompt_tokens_from_cache"] == 0
+    assert figures[True]["prompt_tokens_from_cache"] > 0 and figures[True]["prefix_hit_rate"] > 0.3
     assert figures[True]["prefill_tokens"] < figures[False]["prefill_tokens"]
 
 
@@ -171,7 +171,7 @@ def test_a_newcomer_shares_the_blocks_another_request_is_still_prefilling():
     assert first.first_token_step >= second.admit_step, "the newcomer was meant to come while first's prompt ran"
     done = sum(n for s in trace.steps[: second.admit_step] for _, rid, _, n, _ in s.seats if rid == "first")
     assert 0 < done < len(first.prompt_ids)
-    assert second.cached_prompt_tokens == done // 4 * 4, "it takes every full block first had computed, no more"
+    assert second.prompt_tokens_from_cache == done // 4 * 4, "it takes every full block first had computed, no more"
     assert_token_exact(model, [first, second])
 
 
@@ -183,7 +183,7 @@ def test_evicted_prefix_blocks_are_recomputed_correctly():
     engine, trace = serve(model, ContinuousScheduler(token_budget=16), requests, check_blocks=True, slots=2,
                           kv="paged", block_size=4, num_blocks=24, prefix_caching=True)  # fmt: skip
     assert_token_exact(model, requests)
-    assert sum(r.cached_prompt_tokens for r in requests) > 0
+    assert sum(r.prompt_tokens_from_cache for r in requests) > 0
 
 
 @pytest.mark.parametrize("kv", ["contiguous", "paged"])
@@ -195,9 +195,10 @@ def test_abort_frees_the_seat_and_blocks_at_once(kv):
     for _ in range(3):
         engine.step()
     victim = next(r for r in engine.seats if r is not None)
+    seat = victim.seat
     assert engine.abort(victim.id)
-    assert victim.finish_reason == "aborted" and victim.seat not in [r.seat for r in engine.running()]
-    assert engine.cache.seat_tokens(victim.seat) == 0
+    assert victim.finish_reason == "aborted" and victim.seat is None and engine.seats[seat] is None
+    assert engine.cache.seat_tokens(seat) == 0
     queued = engine.waiting[0] if engine.waiting else engine.pending[0]
     assert engine.abort(queued.id) and not engine.abort(queued.id)
     trace = engine.run()

@@ -55,11 +55,12 @@ class MyPrefixAllocator(BlockAllocator):
 
     # --- given ---------------------------------------------------------------------------------------
     def share_prefix(self, seq: int, blocks: list[int]) -> int:
-        """A new sequence starts on the cached blocks `cached_prefix` found; returns the tokens they hold."""
-        if seq in self.tables:
-            raise ValueError(f"sequence {seq} already has blocks; free it first")
+        """`seq` takes the cached blocks `cached_prefix` found: a newcomer all of them, a prompt being prefilled
+        (its computed tokens end on a block boundary) those past the blocks it holds. Returns the tokens they hold."""
+        table = self.tables.setdefault(seq, [])
         for block in blocks:
             self.extra_holds += self.ref_counts[block] > 0  # (the books count a shared block's tokens once)
             self.take_cached(block)
-        self.tables[seq], self.lengths[seq] = list(blocks), len(blocks) * self.block_size
+        table += blocks
+        self.lengths[seq] = len(table) * self.block_size
         return len(blocks) * self.block_size

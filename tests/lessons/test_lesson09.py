@@ -375,10 +375,10 @@ def check_engine(Allocator, budget: int, num_blocks: int | None) -> None:
     for r in requests:
         expected = expected_reply(model, tuple(r.prompt_ids), r.max_new_tokens, r.ignore_eos)
         assert r.output_ids == expected, (
-            f"{r.id} (served {r.cached_prompt_tokens} prompt tokens from the cache): its reply differs from the plain "
+            f"{r.id} (served {r.prompt_tokens_from_cache} prompt tokens from the cache): its reply differs from the plain "
             f"loop's, {first_difference(expected, r.output_ids)}: a hit gave it keys and values of other tokens"
         )
-    assert sum(r.cached_prompt_tokens for r in requests) > 0, "no prompt token was ever served from the cache"
+    assert sum(r.prompt_tokens_from_cache for r in requests) > 0, "no prompt token was ever served from the cache"
     assert engine.cache.free_blocks == engine.cache.num_blocks, "KV blocks are still held after the run"
 
 
@@ -462,10 +462,12 @@ class Written(BlockAllocator):
         return block
 
     def share_prefix(self, seq, blocks):
+        table = self.tables.setdefault(seq, [])
         for block in blocks:
             self.extra_holds += self.ref_counts[block] > 0
             self.take_cached(block)
-        self.tables[seq], self.lengths[seq] = list(blocks), len(blocks) * self.block_size
+        table += blocks
+        self.lengths[seq] = len(table) * self.block_size
         return len(blocks) * self.block_size
 
 
