@@ -375,8 +375,8 @@ def check_engine(Allocator, budget: int, num_blocks: int | None) -> None:
     for r in requests:
         expected = expected_reply(model, tuple(r.prompt_ids), r.max_new_tokens, r.ignore_eos)
         assert r.output_ids == expected, (
-            f"{r.id} (served {r.prompt_tokens_from_cache} prompt tokens from the cache): its reply differs from the plain "
-            f"loop's, {first_difference(expected, r.output_ids)}: a hit gave it keys and values of other tokens"
+            f"{r.id} (served {r.prompt_tokens_from_cache} prompt tokens from the cache): its reply differs from the "
+            f"plain loop's, {first_difference(expected, r.output_ids)}: a hit gave it keys and values of other tokens"
         )
     assert sum(r.prompt_tokens_from_cache for r in requests) > 0, "no prompt token was ever served from the cache"
     assert engine.cache.free_blocks == engine.cache.num_blocks, "KV blocks are still held after the run"
