@@ -62,7 +62,7 @@ class Engine:
     # --- submitting ------------------------------------------------------------------------------
     def submit(self, request: Request) -> bool:
         """Queue a request, or reject it now (with the reason in finish_reason) if it can never be served."""
-        if request.id in self.live:
+        if request.id in self.live and not self.live[request.id].is_finished:  # (finished by an outside abort)
             raise InputError(f"request id {request.id!r} is already queued or running: give each request its own id")
         self.requests.append(request)
         reason = self.rejection_reason(request)
@@ -96,7 +96,7 @@ class Engine:
     def abort(self, request_id: str, reason: str = "aborted") -> bool:
         """Stop a request wherever it is (queued, waiting, running): its seat and KV blocks are free at once."""
         r = self.live.pop(request_id, None)
-        if r is None:
+        if r is None or r.is_finished:
             return False
         if r in self.pending:
             self.pending.remove(r)
