@@ -14,7 +14,8 @@ reference count goes up) instead of computing them again. A block that nobody ho
 more keeps its key and its contents on the free list, reusable until the free list needs
 it for someone else: the least recently freed block is handed out first, and loses its key.
 Only full blocks are shared; a partly filled block is always private (its owner writes to it).
-A block two requests computed side by side leaves a *spare* copy, keyed when the first is evicted.
+Two requests that compute the same block side by side make two copies; a key names every copy
+(as vLLM's does), so the tokens stay cached while either copy is.
 
 Invariants (checked by `check`; every step in the engine's debug mode): free + used == total, every
 block's reference count equals the number of block tables that hold it, the key table and the blocks'
@@ -51,9 +52,8 @@ class BlockAllocator:
         self.lengths: dict[int, int] = {}  # sequence id -> tokens stored
         # prefix caching
         self.key_of: dict[int, bytes] = {}  # block -> its key (full, computed blocks only)
-        self.block_of: dict[bytes, int] = {}  # key -> block
+        self.block_of: dict[bytes, dict[int, None]] = {}  # key -> the blocks holding those tokens (one, or copies)
         self.hashed: dict[int, tuple[int, bytes]] = {}  # sequence id -> (leading blocks hashed, last one's key)
-        self.spares: dict[int, bytes] = {}  # block -> key another block is keyed for: a copy of the same tokens
         self.events = {"hit_blocks": 0, "evicted_keyed": 0, "shared_writes": 0}  # read-only counts for tests, trace
         self.extra_holds = 0  # sum over blocks of (holders - 1): shared blocks counted once in stored tokens
 
@@ -102,7 +102,7 @@ class BlockAllocator:
         blocks, key = [], b""
         for start in range(0, len(token_ids) - 1 - self.block_size + 1, self.block_size):
             key = block_key(key, token_ids[start : start + self.block_size])
-            block = self.block_of.get(key)
+            block = next(iter(self.block_of.get(key, ())), None)  # any copy will do
             if block is None:
                 break
             blocks.append(block)
@@ -111,14 +111,12 @@ class BlockAllocator:
     # --- changes -----------------------------------------------------------------------------
     def _take_free(self) -> int:
         block, _ = self.free_blocks.popitem(last=False)  # the least recently freed
-        self.spares.pop(block, None)
         key = self.key_of.pop(block, None)
-        if key is not None:  # its cached contents are about to be overwritten: a spare copy takes over the key
+        if key is not None:  # its cached contents are about to be overwritten (another copy may keep them)
             self.events["evicted_keyed"] += 1
-            spare = next((b for b, k in self.spares.items() if k == key), None)  # (spares are few)
-            del self.block_of[key]
-            if spare is not None:
-                self.block_of[key], self.key_of[spare] = spare, self.spares.pop(spare)
+            del self.block_of[key][block]
+            if not self.block_of[key]:
+                del self.block_of[key]
         return block
 
     def append(self, seq: int, num_new: int = 1) -> list[int]:
@@ -171,10 +169,8 @@ class BlockAllocator:
         table, (done, key) = self.tables[seq], self.hashed.get(seq, (0, b""))
         for i in range(done, len(token_ids) // self.block_size):
             key = block_key(key, token_ids[i * self.block_size : (i + 1) * self.block_size])
-            if key not in self.block_of:
-                self.block_of[key], self.key_of[table[i]] = table[i], key
-            else:  # the same tokens, computed side by side in another block: found if that one is evicted
-                self.spares[table[i]] = key
+            self.block_of.setdefault(key, {})[table[i]] = None  # (a copy, if another block holds these tokens too)
+            self.key_of[table[i]] = key
             done = i + 1
         self.hashed[seq] = (done, key)
 
@@ -204,14 +200,13 @@ class BlockAllocator:
             "free list is wrong"
         )
         assert self.num_free + self.num_used == self.num_blocks
-        keyed = self.key_of.keys() | self.spares.keys()
         for seq, table in self.tables.items():
             assert len(table) == self.blocks_for(self.lengths[seq]), f"sequence {seq} has the wrong number of blocks"
             full = self.lengths[seq] // self.block_size
-            assert keyed.isdisjoint(table[full:]), f"sequence {seq}: a partly filled block has a key"
+            assert all(b not in self.key_of for b in table[full:]), f"sequence {seq}: a partly filled block has a key"
         assert self.extra_holds == sum(max(0, n - 1) for n in self.ref_counts), "extra_holds is off"
-        assert len(self.key_of) == len(self.block_of), "the key table and the blocks' keys disagree"
-        assert all(self.key_of.get(b) == k for k, b in self.block_of.items()), "the key table and the blocks disagree"
-        assert all(self.block_of.get(k, b) != b for b, k in self.spares.items()), "a spare's key names no other block"
+        assert len(self.key_of) == sum(map(len, self.block_of.values())), "the key table and the blocks' keys disagree"
+        copies = ((k, b) for k, blocks in self.block_of.items() for b in blocks or [None])  # (no key without a block)
+        assert all(self.key_of.get(b) == k for k, b in copies), "the key table and the blocks disagree"
         assert self.prefix_caching or not self.key_of, "keys without prefix caching"
         assert self.events["shared_writes"] == 0, "tokens were written into a block that is shared or keyed"
