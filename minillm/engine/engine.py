@@ -62,7 +62,7 @@ class Engine:
     # --- submitting ------------------------------------------------------------------------------
     def submit(self, request: Request) -> bool:
         """Queue a request, or reject it now (with the reason in finish_reason) if it can never be served."""
-        if request.id in self.live and not self.live[request.id].is_finished:  # (finished by an outside abort)
+        if request.id in self.live and not self.live[request.id].is_finished:  # (or finished by an outside abort)
             raise InputError(f"request id {request.id!r} is already queued or running: give each request its own id")
         self.requests.append(request)
         reason = self.rejection_reason(request)
@@ -234,7 +234,7 @@ class Engine:
             reason = "length"
         request.state, request.finish_reason = State.FINISHED, reason
         request.finish_step, request.finish_s = self.step_no, now
-        del self.live[request.id]
+        self.live.pop(request.id, None)
         self.cache.free(request.seat)
         if not self.scheduler.holds_finished_seats:
             self.seats[request.seat] = None
