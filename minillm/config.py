@@ -6,7 +6,8 @@ the fix, instead of deep inside torch later.
 
 from __future__ import annotations
 
-from dataclasses import asdict, dataclass
+import os
+from dataclasses import asdict, dataclass, field
 
 from minillm.errors import ConfigError
 
@@ -69,6 +70,8 @@ class EngineConfig:
     max_len: int = 1024  # longest prompt + reply one sequence may reach (the contiguous row length)
     prefix_caching: bool = False  # share full KV blocks between requests whose prompts start alike (paged only)
     record_blocks: bool = True  # record every request's block table at every step (the app's KV map; big on long runs)
+    # check the KV books every step (slow: for tests and debugging); MINILLM_DEBUG=1 turns it on everywhere
+    debug: bool = field(default_factory=lambda: os.environ.get("MINILLM_DEBUG", "0") not in ("", "0"))
 
     def __post_init__(self) -> None:
         if self.kv not in ("paged", "contiguous"):

@@ -8,6 +8,7 @@ from minillm.engine.engine import Engine, EngineError
 from minillm.engine.generate import generate
 from minillm.engine.request import Request
 from minillm.engine.scheduler import ContinuousScheduler, StaticScheduler
+from minillm.errors import InputError
 from tests.conftest import random_model
 from tests.lessons.harness import crowd  # the same mixed crowd the lesson checks use
 
@@ -15,7 +16,7 @@ COMBOS = [(s, kv) for s in (StaticScheduler, ContinuousScheduler) for kv in ("co
 
 
 def serve(model, scheduler_cls, kv, requests, **cfg):
-    engine = Engine(model, scheduler_cls(), EngineConfig(kv=kv, max_len=256, **cfg))
+    engine = Engine(model, scheduler_cls(), EngineConfig(kv=kv, max_len=256, debug=True, **cfg))  # books every step
     for r in requests:
         engine.submit(r)
     return engine, engine.run(max_steps=2000)
@@ -110,3 +111,36 @@ def test_engine_rejects_a_plan_that_admits_a_request_twice():
     engine.submit(Request("a", [257, 1], 3))
     with pytest.raises(EngineError, match="admitted the same request twice"):
         engine.run()
+
+
+def test_a_second_submit_of_a_live_id_is_refused_and_the_others_are_served():
+    model = random_model("gqa")
+    engine = Engine(model, ContinuousScheduler(), EngineConfig(slots=2, max_len=256, block_size=4, debug=True))
+    first, other = Request("a", [257, 1, 2], 4, ignore_eos=True), Request("b", [257, 3], 3, ignore_eos=True)
+    assert engine.submit(first) and engine.submit(other)
+    engine.step()
+    with pytest.raises(InputError, match="request id 'a' is already queued or running: give each request its own id"):
+        engine.submit(Request("a", [257, 9], 2))
+    engine.run()
+    assert [r.id for r in engine.requests] == ["a", "b"], "the refused request must not be recorded"
+    assert_token_exact(model, [first, other])
+    again = Request("a", [257, 5], 2, ignore_eos=True)  # an id may come back once its request has finished
+    assert engine.submit(again) and engine.run() and again.finish_reason == "length"
+
+
+def test_debug_mode_checks_the_allocator_every_step(monkeypatch):
+    model = random_model("gqa")
+    monkeypatch.delenv("MINILLM_DEBUG", raising=False)
+    assert not EngineConfig().debug
+    monkeypatch.setenv("MINILLM_DEBUG", "1")
+    assert EngineConfig().debug, "MINILLM_DEBUG=1 turns the debug mode on"
+    for debug in (False, True):
+        engine = Engine(model, ContinuousScheduler(), EngineConfig(slots=2, max_len=256, block_size=4, debug=debug))
+        engine.submit(Request("a", [257] * 9, 4))
+        engine.step()
+        engine.cache.allocator.ref_counts[0] += 1  # the books broken between two steps
+        if debug:
+            with pytest.raises(AssertionError, match="ref count"):
+                engine.step()
+        else:
+            engine.step()  # unchecked: nobody notices

@@ -12,27 +12,24 @@ import torch
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from minillm.config import EngineConfig
+from minillm.config import EngineConfig, ModelConfig
 from minillm.engine.blocks import BlockAllocator
 from minillm.engine.engine import Engine
 from minillm.engine.generate import generate
 from minillm.engine.kv_cache import ContiguousKVCache, PagedKVCache
 from minillm.engine.request import Request
 from minillm.engine.scheduler import ContinuousScheduler, StaticScheduler
+from minillm.model.transformer import Transformer
 from minillm.runs.metrics import summarize
 from tests.conftest import random_model as conftest_random_model
 from tests.lessons.harness import crowd
 
 
-def serve(model, scheduler, requests, check_blocks=False, **cfg):
-    engine = Engine(model, scheduler, EngineConfig(max_len=256, **cfg))
+def serve(model, scheduler, requests, **cfg):
+    engine = Engine(model, scheduler, EngineConfig(max_len=256, debug=True, **cfg))  # the KV books checked every step
     for r in requests:
         engine.submit(r)
-    while engine.has_work():
-        engine.step()
-        if check_blocks:
-            engine.cache.allocator.check()
-    return engine, engine.trace()
+    return engine, engine.run()
 
 
 @functools.cache
@@ -151,14 +148,15 @@ def test_prefix_caching_is_token_exact_and_saves_prefill(scheduler_cls, budget, 
     figures = {}
     for caching in (False, True):
         requests = shared_prefix_crowd(16, seed=1)
-        engine, trace = serve(model, scheduler_cls(token_budget=budget), requests, check_blocks=True, slots=4,
+        engine, trace = serve(model, scheduler_cls(token_budget=budget), requests, slots=4,
                               kv="paged", block_size=4, num_blocks=num_blocks, prefix_caching=caching)  # fmt: skip
         assert_token_exact(model, requests)
         assert engine.cache.free_blocks == engine.cache.num_blocks
         figures[caching] = summarize(trace)
-    assert figures[False]["cached_prompt_tokens"] == 0
-    assert figures[True]["cached_prompt_tokens"] > 0 and figures[True]["prefix_hit_rate"] > 0.3
+    assert figures[False]["prompt_tokens_from_cache"] == 0
+    assert figures[True]["prompt_tokens_from_cache"] > 0 and 0.3 < figures[True]["prefix_hit_rate"] <= 1
     assert figures[True]["prefill_tokens"] < figures[False]["prefill_tokens"]
+    assert figures[True]["prompt_tokens"] == figures[False]["prompt_tokens"] == sum(len(r.prompt_ids) for r in requests)
 
 
 def test_a_newcomer_shares_the_blocks_another_request_is_still_prefilling():
@@ -166,12 +164,43 @@ def test_a_newcomer_shares_the_blocks_another_request_is_still_prefilling():
     prefix = [257] + list(range(60))
     first = Request("first", prefix + [1, 2], 4, ignore_eos=True)
     second = Request("second", prefix + [3], 4, arrival_step=3, ignore_eos=True)  # first is mid-prompt at step 3
-    engine, trace = serve(model, ContinuousScheduler(token_budget=8), [first, second], check_blocks=True, slots=2,
+    engine, trace = serve(model, ContinuousScheduler(token_budget=8), [first, second], slots=2,
                           kv="paged", block_size=4, prefix_caching=True)  # fmt: skip
     assert first.first_token_step >= second.admit_step, "the newcomer was meant to come while first's prompt ran"
     done = sum(n for s in trace.steps[: second.admit_step] for _, rid, _, n, _ in s.seats if rid == "first")
     assert 0 < done < len(first.prompt_ids)
-    assert second.cached_prompt_tokens == done // 4 * 4, "it takes every full block first had computed, no more"
+    assert second.prompt_tokens_from_cache == done // 4 * 4, "it takes every full block first had computed, no more"
+    assert_token_exact(model, [first, second])
+
+
+def test_a_preempted_request_counts_its_prompt_from_the_cache_once():
+    """The issue's reproduction: b is preempted after computing its prompt, and its re-admission finds its own
+    blocks (prompt and reply) again. The hit rate counts prompt tokens at a request's first admission only."""
+    torch.manual_seed(0)
+    model = Transformer(ModelConfig(dim=32, n_layers=2, n_heads=4, n_kv_heads=2, ffn_dim=64, max_seq_len=128))
+    a, b = Request("a", [5], 16, ignore_eos=True), Request("b", list(range(100, 125)), 16, ignore_eos=True)
+    engine, trace = serve(model, ContinuousScheduler(token_budget=0), [a, b], slots=2, kv="paged", block_size=13,
+                          num_blocks=5, prefix_caching=True)  # fmt: skip
+    assert b.preemptions == 1 and trace.config["prefix_cache_events"]["hit_blocks"] == 3, "b found its 3 blocks again"
+    assert b.prompt_tokens_from_cache == 0, "its first admission found nothing cached (it used to count 39 of 25)"
+    figures = summarize(trace)
+    assert figures["prompt_tokens"] == 26 and figures["prefix_hit_rate"] == 0.0
+    assert_token_exact(model, [a, b])
+
+
+def test_a_batch_mate_takes_the_blocks_another_computed_while_it_waited_for_the_budget():
+    """Static batching seats the batch at once; under a token budget the second prompt waits for the first one's
+    chunks. At each block boundary a waiting prompt takes the blocks cached since, instead of computing them."""
+    model = random_model("gqa")
+    prefix = [257] + list(range(40))  # 41 tokens: 10 full blocks of 4
+    first, second = (
+        Request("first", prefix + [1], 3, ignore_eos=True),
+        Request("second", prefix + [2], 3, ignore_eos=True),
+    )
+    engine, trace = serve(model, StaticScheduler(token_budget=8), [first, second], slots=2, kv="paged", block_size=4,
+                          prefix_caching=True)  # fmt: skip
+    assert first.admit_step == second.admit_step == 0, "one batch, admitted together with nothing cached"
+    assert second.prompt_tokens_from_cache == 40 and second.prefill_tokens == 2, "all but its own block's 2 tokens"
     assert_token_exact(model, [first, second])
 
 
@@ -180,10 +209,12 @@ def test_evicted_prefix_blocks_are_recomputed_correctly():
     find the overwritten contents."""
     model = random_model("gqa")
     requests = shared_prefix_crowd(12, seed=5, arrivals=200)
-    engine, trace = serve(model, ContinuousScheduler(token_budget=16), requests, check_blocks=True, slots=2,
+    engine, trace = serve(model, ContinuousScheduler(token_budget=16), requests, slots=2,
                           kv="paged", block_size=4, num_blocks=24, prefix_caching=True)  # fmt: skip
     assert_token_exact(model, requests)
-    assert sum(r.cached_prompt_tokens for r in requests) > 0
+    assert sum(r.prompt_tokens_from_cache for r in requests) > 0
+    events = trace.config["prefix_cache_events"]
+    assert events["evicted_keyed"] > 0 and events["hit_blocks"] > 0 and events["shared_writes"] == 0
 
 
 @pytest.mark.parametrize("kv", ["contiguous", "paged"])
@@ -195,9 +226,10 @@ def test_abort_frees_the_seat_and_blocks_at_once(kv):
     for _ in range(3):
         engine.step()
     victim = next(r for r in engine.seats if r is not None)
+    seat = victim.seat
     assert engine.abort(victim.id)
-    assert victim.finish_reason == "aborted" and victim.seat not in [r.seat for r in engine.running()]
-    assert engine.cache.seat_tokens(victim.seat) == 0
+    assert victim.finish_reason == "aborted" and victim.seat is None and engine.seats[seat] is None
+    assert engine.cache.seat_tokens(seat) == 0
     queued = engine.waiting[0] if engine.waiting else engine.pending[0]
     assert engine.abort(queued.id) and not engine.abort(queued.id)
     trace = engine.run()

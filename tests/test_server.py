@@ -276,6 +276,24 @@ def test_requests_that_never_had_a_seat_are_bounded_too(shipped_model):
     assert len(kept) <= 10 and kept[-1] == "bad39"  # the newest are kept
 
 
+def test_a_second_request_with_a_live_id_is_refused_and_the_first_is_served(shipped_model):
+    loop = build_loop(shipped_model, slots=2).start()
+    first, second = TokenStream(), TokenStream()
+    try:
+        loop.submit(Request("same", encode_prompt("count down from 9"), 20), first)
+        loop.submit(Request("same", encode_prompt("spell 4"), 5), second)
+        refused = second.get(timeout=10)
+        events = [first.get(timeout=10)]
+        while events[-1].kind != "done":
+            events.append(first.get(timeout=10))
+    finally:
+        loop.stop()
+    assert (refused.kind, refused.status) == ("refused", 400) and "already queued or running" in refused.detail
+    assert [t for e in events if e.kind == "tokens" for t in e.tokens] == expected(
+        shipped_model, "count down from 9", 20
+    )
+
+
 # --- the soak ------------------------------------------------------------------------------------
 SOAK_MAX_TOKENS = 8
 SOAK_SYSTEM_PROMPT = "You are a counting robot. Reply with the answer only."  # its blocks are shared (prefix cache)

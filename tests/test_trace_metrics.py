@@ -131,3 +131,21 @@ def test_version_1_files_still_load():
         assert tokens_produced(trace, r.id, len(trace.steps) - 1) == len(r.output_ids) + (r.finish_reason == "eos")
     busy = sum(1 for s in raw["steps"] for slot in s["slots"] if slot and slot["state"] != "held")
     assert summarize(trace)["slot_utilization"] == busy / (len(raw["steps"]) * raw["config"]["slots"])
+
+
+def test_older_files_cached_prompt_tokens_read_as_prompt_tokens_from_cache():
+    """Before prompt_tokens_from_cache, traces had cached_prompt_tokens: summed over a request's admissions, so it
+    could pass the prompt after a preemption. It loads capped at the prompt, and the hit rate stays at most 1."""
+    engine = Engine(random_model("gqa"), ContinuousScheduler(), EngineConfig(slots=1, max_len=256, block_size=4,
+                                                                             prefix_caching=True))  # fmt: skip
+    for i in range(3):
+        engine.submit(Request(f"r{i}", [257] + list(range(20)) + [i], 2, ignore_eos=True))
+    data = engine.run().to_dict()
+    new = [r.pop("prompt_tokens_from_cache") for r in data["requests"]]
+    assert new == [0, 20, 20]
+    old = [0, 20, 39]  # r2 as a preempted request once counted it: both admissions, reply tokens too
+    for r, value in zip(data["requests"], old):
+        r["cached_prompt_tokens"] = value
+    trace = trace_file.from_dict(data)
+    assert [r.prompt_tokens_from_cache for r in trace.requests] == [0, 20, 22]
+    assert summarize(trace)["prefix_hit_rate"] == pytest.approx(42 / 66)

@@ -15,8 +15,9 @@ class MyPrefixAllocator(BlockAllocator):
       (a block nobody holds any more goes to the END of self.free_blocks, a sequence's last block first).
       self.free_blocks is an OrderedDict {block: None}, least recently freed first.
     What you keep up to date (the inherited check() reads them):
-      self.block_of: {key: block}   which block holds the tokens a key stands for;
-      self.key_of:   {block: key}   the key of every block that has one.
+      self.block_of: {key: {block: None, ...}}   the blocks holding the tokens a key stands for: usually one;
+                                                 two when two sequences computed the same block side by side;
+      self.key_of:   {block: key}                the key of every block that has one.
     Write the five methods below; share_prefix (given, at the end) uses take_cached.
     """
 
@@ -32,14 +33,16 @@ class MyPrefixAllocator(BlockAllocator):
     def cached_prefix(self, token_ids: list[int]) -> list[int]:
         """2. The blocks holding the longest run of cached full blocks that starts `token_ids`, in order.
         Walk the prompt block by block, chaining the keys, and stop at the first block that is not cached.
+        Where a key has several blocks, any of them will do (next(iter(...)) takes the first).
         Leave at least the prompt's last token out: the model must run it to produce the next token."""
         raise NotImplementedError("lesson 09: the longest cached run of full blocks, leaving the last token")
 
     def cache_full_blocks(self, seq: int, token_ids: list[int]) -> None:
         """3. `seq`'s first len(token_ids) tokens now have their keys and values in its blocks: give a key to
         each of its blocks that is full (a partly filled block gets none: its owner still writes into it).
-        If another block already holds a key, keep that one and leave this block unkeyed. (Recomputing the
-        chain from the first block each time is fine.)"""
+        If another block already holds the same key, this block is a second copy: add it to the key's blocks
+        too, so the tokens stay cached while either copy does. (Recomputing the chain from the first block
+        each time is fine.)"""
         raise NotImplementedError("lesson 09: key every full block of the sequence")
 
     def take_cached(self, block: int) -> None:
@@ -50,16 +53,18 @@ class MyPrefixAllocator(BlockAllocator):
     def _take_free(self) -> int:
         """5. Hand out a free block (append calls this once per new block it needs): the least recently freed
         one, at the front of self.free_blocks. Whatever it held is about to be overwritten, so it loses its
-        key (from both tables). Return the block."""
+        key: out of self.key_of, and out of its key's blocks in self.block_of (the key goes too if that was its
+        last block; another copy keeps it). Return the block."""
         raise NotImplementedError("lesson 09: evict the least recently freed block and forget its key")
 
     # --- given ---------------------------------------------------------------------------------------
     def share_prefix(self, seq: int, blocks: list[int]) -> int:
-        """A new sequence starts on the cached blocks `cached_prefix` found; returns the tokens they hold."""
-        if seq in self.tables:
-            raise ValueError(f"sequence {seq} already has blocks; free it first")
+        """`seq` takes the cached blocks `cached_prefix` found: a newcomer all of them, a prompt being prefilled
+        (its computed tokens end on a block boundary) those past the blocks it holds. Returns the tokens they hold."""
+        table = self.tables.setdefault(seq, [])
         for block in blocks:
             self.extra_holds += self.ref_counts[block] > 0  # (the books count a shared block's tokens once)
             self.take_cached(block)
-        self.tables[seq], self.lengths[seq] = list(blocks), len(blocks) * self.block_size
+        table += blocks
+        self.lengths[seq] = len(table) * self.block_size
         return len(blocks) * self.block_size

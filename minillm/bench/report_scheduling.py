@@ -81,7 +81,7 @@ def markdown(results: dict, img) -> list[str]:
                   "TTFT p99 (ms) | tokens/s |", "|---|---:|---:|---:|---:|---:|---:|"]  # fmt: skip
         for name, x in (("off", off), ("on", on)):
             lines.append(
-                f"| {name} | {x['prefill_tokens']} | {x['cached_prompt_tokens']} | {x['prefix_hit_rate']:.0%} "
+                f"| {name} | {x['prefill_tokens']} | {x['prompt_tokens_from_cache']} | {x['prefix_hit_rate']:.0%} "
                 f"| {1e3 * x['ttft_p50_s']:.0f} | {1e3 * x['ttft_p99_s']:.0f} | {x['tokens_per_s']:.0f} |"
             )
         lines += ["", f"Goal: at least {r['goal_reduction']:.0f}x fewer prompt tokens computed, a lower TTFT p50, "

@@ -81,7 +81,8 @@ def bench_prefix_caching(model: Transformer, s) -> dict:
         out[caching], traces[caching] = serve(model, "system-prompt", "continuous", "paged", 16, knobs,
                                               prefix_caching=caching)  # fmt: skip
     same = all(a.output_ids == b.output_ids for a, b in zip(traces[False].requests, traces[True].requests))
-    keys = ("prefill_tokens", "cached_prompt_tokens", "prefix_hit_rate", "ttft_p50_s", "ttft_p99_s", "tokens_per_s")
+    keys = ("prefill_tokens", "prompt_tokens", "prompt_tokens_from_cache", "prefix_hit_rate", "ttft_p50_s",
+            "ttft_p99_s", "tokens_per_s")  # fmt: skip
     fewer = out[False]["prefill_tokens"] / out[True]["prefill_tokens"]
     return {"off": {k: out[False][k] for k in keys}, "on": {k: out[True][k] for k in keys},
             "prefill_reduction": fewer, "outputs_identical": same, "goal_reduction": 3.0,

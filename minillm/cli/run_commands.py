@@ -61,8 +61,8 @@ def run_summary_text(args: argparse.Namespace, cfg: dict, summary: dict) -> str:
         f"  utilization  {summary['slot_utilization']:.1%} of seat-steps did useful work",
         f"  TTFT         p50 {ms('ttft_p50_s')}, p99 {ms('ttft_p99_s')}   ({summary['ttft_p50_steps']} steps at p50)",
         f"  TPOT         p50 {ms('tpot_p50_s')}, p99 {ms('tpot_p99_s')}",
-        f"  prefill      {summary['prefill_tokens']} prompt tokens computed, {summary['cached_prompt_tokens']} "
-        f"from the prefix cache (hit rate {summary['prefix_hit_rate']:.0%})",
+        f"  prefill      {summary['prefill_tokens']} tokens computed; {summary['prompt_tokens_from_cache']} of "
+        f"{summary['prompt_tokens']} prompt tokens from the prefix cache (hit rate {summary['prefix_hit_rate']:.0%})",
         f"  KV waste     {summary['kv_waste']:.1%}   preemptions {summary['preemptions']}",
     ]
     if args.simulate:

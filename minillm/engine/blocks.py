@@ -14,9 +14,12 @@ reference count goes up) instead of computing them again. A block that nobody ho
 more keeps its key and its contents on the free list, reusable until the free list needs
 it for someone else: the least recently freed block is handed out first, and loses its key.
 Only full blocks are shared; a partly filled block is always private (its owner writes to it).
+Two requests that compute the same block side by side make two copies; a key names every copy
+(as vLLM's does), so the tokens stay cached while either copy is.
 
-Invariants (checked by `check`): free + used == total, every block's reference count equals
-the number of block tables that hold it, and the key table and the blocks' keys agree.
+Invariants (checked by `check`; every step in the engine's debug mode): free + used == total, every
+block's reference count equals the number of block tables that hold it, the key table and the blocks'
+keys agree, and no token was written into a shared or keyed block (`events`, which counts hits too).
 """
 
 from __future__ import annotations
@@ -49,8 +52,9 @@ class BlockAllocator:
         self.lengths: dict[int, int] = {}  # sequence id -> tokens stored
         # prefix caching
         self.key_of: dict[int, bytes] = {}  # block -> its key (full, computed blocks only)
-        self.block_of: dict[bytes, int] = {}  # key -> block
+        self.block_of: dict[bytes, dict[int, None]] = {}  # key -> the blocks holding those tokens (one, or copies)
         self.hashed: dict[int, tuple[int, bytes]] = {}  # sequence id -> (leading blocks hashed, last one's key)
+        self.events = {"hit_blocks": 0, "evicted_keyed": 0, "shared_writes": 0}  # read-only counts for tests, trace
         self.extra_holds = 0  # sum over blocks of (holders - 1): shared blocks counted once in stored tokens
 
     # --- questions ---------------------------------------------------------------------------
@@ -84,9 +88,6 @@ class BlockAllocator:
         """Would a new sequence of `num_tokens` tokens fit in the free blocks right now?"""
         return self.blocks_for(num_tokens) <= self.num_free
 
-    def can_append(self, seq: int, num_new: int = 1) -> bool:
-        return self.new_blocks_needed(seq, num_new) <= self.num_free
-
     def blocks_freed_by(self, seq: int) -> int:
         """Blocks that would return to the free list if `seq` let go: those nobody else holds."""
         return sum(1 for b in self.tables.get(seq, []) if self.ref_counts[b] == 1)
@@ -101,7 +102,7 @@ class BlockAllocator:
         blocks, key = [], b""
         for start in range(0, len(token_ids) - 1 - self.block_size + 1, self.block_size):
             key = block_key(key, token_ids[start : start + self.block_size])
-            block = self.block_of.get(key)
+            block = next(iter(self.block_of.get(key, ())), None)  # any copy will do
             if block is None:
                 break
             blocks.append(block)
@@ -111,8 +112,11 @@ class BlockAllocator:
     def _take_free(self) -> int:
         block, _ = self.free_blocks.popitem(last=False)  # the least recently freed
         key = self.key_of.pop(block, None)
-        if key is not None:  # its cached contents are about to be overwritten
-            del self.block_of[key]
+        if key is not None:  # its cached contents are about to be overwritten (another copy may keep them)
+            self.events["evicted_keyed"] += 1
+            del self.block_of[key][block]
+            if not self.block_of[key]:
+                del self.block_of[key]
         return block
 
     def append(self, seq: int, num_new: int = 1) -> list[int]:
@@ -124,6 +128,8 @@ class BlockAllocator:
                 f"but only {self.num_free} of {self.num_blocks} are free; free a sequence first "
                 "(the scheduler preempts one), or give the cache more blocks"
             )
+        last = self.tables[seq][-1] if self.lengths.get(seq, 0) % self.block_size else None  # written into
+        self.events["shared_writes"] += last is not None and (self.ref_counts[last] > 1 or last in self.key_of)
         given = [self._take_free() for _ in range(needed)]
         for block in given:
             self.ref_counts[block] += 1
@@ -138,18 +144,22 @@ class BlockAllocator:
         return self.append(seq, num_tokens)
 
     def share_prefix(self, seq: int, blocks: list[int]) -> int:
-        """Start the new sequence `seq` on cached blocks (from `cached_prefix`); returns the tokens they hold."""
-        if seq in self.tables:
-            raise ValueError(f"sequence {seq} already has blocks; free it first")
+        """`seq` (new, or holding only full computed blocks) goes on with cached blocks (from `cached_prefix`,
+        those past the ones it holds); returns the tokens they hold."""
+        table = self.tables.setdefault(seq, [])
+        if self.lengths.setdefault(seq, 0) != len(table) * self.block_size:
+            raise ValueError(f"sequence {seq} has a partly filled block: it cannot go on with cached blocks")
         for block in blocks:
             if self.ref_counts[block] == 0:
                 del self.free_blocks[block]  # a hit on a free cached block takes it off the free list
             else:
                 self.extra_holds += 1
             self.ref_counts[block] += 1
-        self.tables[seq], self.lengths[seq] = list(blocks), len(blocks) * self.block_size
+        table += blocks
+        self.lengths[seq] = len(table) * self.block_size
+        self.events["hit_blocks"] += len(blocks)
         if blocks:
-            self.hashed[seq] = (len(blocks), self.key_of[blocks[-1]])
+            self.hashed[seq] = (len(table), self.key_of[blocks[-1]])
         return len(blocks) * self.block_size
 
     def cache_full_blocks(self, seq: int, token_ids: list[int]) -> None:
@@ -159,8 +169,8 @@ class BlockAllocator:
         table, (done, key) = self.tables[seq], self.hashed.get(seq, (0, b""))
         for i in range(done, len(token_ids) // self.block_size):
             key = block_key(key, token_ids[i * self.block_size : (i + 1) * self.block_size])
-            if key not in self.block_of:  # else the same tokens are already cached in another block: keep that one
-                self.block_of[key], self.key_of[table[i]] = table[i], key
+            self.block_of.setdefault(key, {})[table[i]] = None  # (a copy, if another block holds these tokens too)
+            self.key_of[table[i]] = key
             done = i + 1
         self.hashed[seq] = (done, key)
 
@@ -195,6 +205,8 @@ class BlockAllocator:
             full = self.lengths[seq] // self.block_size
             assert all(b not in self.key_of for b in table[full:]), f"sequence {seq}: a partly filled block has a key"
         assert self.extra_holds == sum(max(0, n - 1) for n in self.ref_counts), "extra_holds is off"
-        assert len(self.key_of) == len(self.block_of), "the key table and the blocks' keys disagree"
-        assert all(self.key_of.get(b) == k for k, b in self.block_of.items()), "the key table and the blocks disagree"
+        assert len(self.key_of) == sum(map(len, self.block_of.values())), "the key table and the blocks' keys disagree"
+        copies = ((k, b) for k, blocks in self.block_of.items() for b in blocks or [None])  # (no key without a block)
+        assert all(self.key_of.get(b) == k for k, b in copies), "the key table and the blocks disagree"
         assert self.prefix_caching or not self.key_of, "keys without prefix caching"
+        assert self.events["shared_writes"] == 0, "tokens were written into a block that is shared or keyed"

@@ -31,6 +31,7 @@ from minillm.engine.request import Request, State
 from minillm.engine.runner import ModelRunner
 from minillm.engine.scheduler import Plan, Scheduler
 from minillm.engine.trace import StepRecord, Trace, request_record
+from minillm.errors import InputError
 from minillm.model.tokenizer import EOS
 
 WAITING_RECORDED = 100  # ids of the queue's head recorded per step (the length is always recorded)
@@ -38,10 +39,6 @@ WAITING_RECORDED = 100  # ids of the queue's head recorded per step (the length 
 
 class EngineError(RuntimeError):
     """A scheduler returned a plan the engine cannot carry out (a bug in the policy)."""
-
-
-def arrival_key(r: Request) -> float:
-    return r.arrival_s if r.arrival_s is not None else r.arrival_step
 
 
 class Engine:
@@ -57,6 +54,7 @@ class Engine:
         self.pending: list[Request] = []  # submitted, not yet arrived (sorted by arrival)
         self.waiting: deque[Request] = deque()  # arrived, in queue order
         self.requests: list[Request] = []  # everything submitted, in order
+        self.live: dict[str, Request] = {}  # id -> request queued or running (ids are unique among them)
         self.records: list[StepRecord] = []
         self.step_no, self.admissions = 0, 0
         self.meta = meta or {}
@@ -64,12 +62,16 @@ class Engine:
     # --- submitting ------------------------------------------------------------------------------
     def submit(self, request: Request) -> bool:
         """Queue a request, or reject it now (with the reason in finish_reason) if it can never be served."""
+        if request.id in self.live and not self.live[request.id].is_finished:  # (or finished by an outside abort)
+            raise InputError(f"request id {request.id!r} is already queued or running: give each request its own id")
         self.requests.append(request)
         reason = self.rejection_reason(request)
         if reason:
             request.state, request.finish_reason = State.REJECTED, f"rejected: {reason}"
             return False
-        bisect.insort(self.pending, request, key=arrival_key)  # same-time arrivals keep submit order
+        arrival = lambda r: r.arrival_s if r.arrival_s is not None else r.arrival_step  # (seconds, or steps)
+        bisect.insort(self.pending, request, key=arrival)  # same-time arrivals keep submit order
+        self.live[request.id] = request
         return True
 
     def rejection_reason(self, r: Request) -> str | None:
@@ -93,8 +95,8 @@ class Engine:
 
     def abort(self, request_id: str, reason: str = "aborted") -> bool:
         """Stop a request wherever it is (queued, waiting, running): its seat and KV blocks are free at once."""
-        r = next((r for r in self.requests if r.id == request_id and not r.is_finished), None)
-        if r is None:
+        r = self.live.pop(request_id, None)
+        if r is None or r.is_finished:
             return False
         if r in self.pending:
             self.pending.remove(r)
@@ -102,7 +104,7 @@ class Engine:
             self.waiting.remove(r)
         elif r.seat is not None:
             self.cache.free(r.seat)
-            self.seats[r.seat] = None
+            self.seats[r.seat], r.seat = None, None
         r.state, r.finish_reason, r.finish_step, r.finish_s = State.FINISHED, reason, self.step_no, self.clock.now()
         return True
 
@@ -129,6 +131,8 @@ class Engine:
             request = self.pending.pop(0)
             request.arrival_step = self.step_no  # (for arrivals in seconds: the step it joined the queue)
             self.waiting.append(request)
+        for request in [r for r in self.running() if self.cfg.prefix_caching and not r.is_decoding]:
+            self._claim(request)  # a prompt at a block boundary goes on with blocks cached since its last chunk
         plan = self.scheduler.schedule(list(self.waiting), list(self.seats), self.cache)
         self._check(plan)
         for victim in plan.preempt:
@@ -152,6 +156,8 @@ class Engine:
         finished = [r for r, token in zip(batch.sampled, produced) if self._accept(r, token)]
         made = {r.id for r in batch.sampled}
         record = self._record(plan, rows, kinds, made, finished, batch.padding_rows, begin)
+        if self.cfg.debug and hasattr(getattr(self.cache, "allocator", None), "check"):  # the KV books, every step
+            self.cache.allocator.check()
         self.step_no += 1
         return record
 
@@ -196,9 +202,14 @@ class Engine:
         request.admit_order, self.admissions = self.admissions, self.admissions + 1
         if request.admit_step is None:
             request.admit_step = self.step_no
-        if self.cfg.prefix_caching:  # start on the cached blocks of the prompt's beginning, if any
-            request.num_computed = self.cache.claim_prefix(seat, request.tokens)
-            request.cached_prompt_tokens += request.num_computed
+        self._claim(request)  # (prefix caching) start on the cached blocks of the prompt's beginning, if any
+
+    def _claim(self, request: Request) -> None:
+        """Go on with cached blocks of the request's tokens; count the prompt tokens its first admission took."""
+        before, prompt = request.num_computed, len(request.prompt_ids)
+        request.num_computed += self.cache.claim_prefix(request.seat, request.tokens)
+        if not request.preemptions:  # (a re-admission mostly finds its own blocks again: not a shared prefix)
+            request.prompt_tokens_from_cache += min(request.num_computed, prompt) - min(before, prompt)
 
     def _computed(self, request: Request, n: int, kind: str) -> None:
         """`n` more of the request's tokens have their keys and values in the cache."""
@@ -223,6 +234,7 @@ class Engine:
             reason = "length"
         request.state, request.finish_reason = State.FINISHED, reason
         request.finish_step, request.finish_s = self.step_no, now
+        self.live.pop(request.id, None)
         self.cache.free(request.seat)
         if not self.scheduler.holds_finished_seats:
             self.seats[request.seat] = None
@@ -277,6 +289,7 @@ class Engine:
             "max_len": self.max_len,
             "token_budget": getattr(self.scheduler, "token_budget", None),
             "prefix_caching": self.cfg.prefix_caching,
+            "prefix_cache_events": dict(self.cache.allocator.events) if self.cfg.prefix_caching else None,
             "device": str(self.device),
             "clock": getattr(self.clock, "name", "wall"),
             "model": self.meta.get("model", "minillm"),

@@ -77,10 +77,12 @@ class PagedKVBooks:
 
     # --- what the engine asks ------------------------------------------------------------------
     def claim_prefix(self, seat: int, token_ids: list[int]) -> int:
-        """A newcomer takes its cached prefix blocks. Returns the tokens it need not compute."""
-        if not self.prefix_caching:
+        """A newcomer takes its cached prefix blocks, a prompt being prefilled at a block boundary those cached
+        since (another request computed them meanwhile). Returns the tokens it need not compute."""
+        alloc = self.allocator
+        if not self.prefix_caching or alloc.lengths.get(seat, 0) % self.block_size:
             return 0
-        return self.allocator.share_prefix(seat, self.allocator.cached_prefix(token_ids))
+        return alloc.share_prefix(seat, alloc.cached_prefix(token_ids)[len(alloc.tables.get(seat, ())) :])
 
     def commit(self, seat: int, token_ids: list[int]) -> None:
         """After a forward: `token_ids` of this seat have their keys and values stored; key its full blocks."""

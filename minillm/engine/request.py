@@ -48,7 +48,7 @@ class Request:
     finish_reason: str | None = None  # "eos" | "length" | "aborted" | the rejection reason
     preemptions: int = 0
     prefill_tokens: int = 0  # prompt (and recomputed) tokens this request ran through the model
-    cached_prompt_tokens: int = 0  # prompt tokens served from the prefix cache instead
+    prompt_tokens_from_cache: int = 0  # prompt tokens its first admission took from the prefix cache (not computed)
     # seconds on the engine's clock since it started
     first_token_s: float | None = None
     finish_s: float | None = None

@@ -16,7 +16,6 @@ import torch
 from minillm.config import EngineConfig
 from minillm.engine.kv_cache import ContiguousKVCache, PagedKVCache
 from minillm.engine.packing import Batch
-from minillm.errors import ConfigError
 from minillm.model.tokenizer import EOS
 from minillm.model.transformer import Transformer
 
@@ -51,9 +50,7 @@ class ModelRunner:
         self.clock = WallClock()
 
     def make_cache(self, cfg: EngineConfig, max_len: int) -> ContiguousKVCache | PagedKVCache:
-        if cfg.kv == "contiguous":
-            if cfg.prefix_caching:
-                raise ConfigError("prefix caching shares blocks, so it needs the paged KV layout: use kv='paged'")
+        if cfg.kv == "contiguous":  # (EngineConfig refuses prefix caching on it)
             return ContiguousKVCache(self.model.cfg, cfg.slots, max_len, device=self.device, block_size=cfg.block_size)
         num_blocks = cfg.num_blocks or cfg.slots * -(-max_len // cfg.block_size)
         return PagedKVCache(

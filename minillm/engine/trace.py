@@ -13,6 +13,7 @@ with 256 seats stays small; `StepRecord.slots` gives the familiar one-entry-per-
 from __future__ import annotations
 
 import json
+from copy import copy
 from dataclasses import MISSING, asdict, dataclass, field
 from pathlib import Path
 
@@ -41,7 +42,7 @@ class RequestRecord:
     first_token_s: float | None = None  # seconds since the run began
     finish_s: float | None = None
     prefill_tokens: int = 0  # prompt tokens run through the model (recomputation after preemption included)
-    cached_prompt_tokens: int = 0  # prompt tokens served from the prefix cache
+    prompt_tokens_from_cache: int = 0  # prompt tokens its first admission took from the prefix cache
 
 
 @dataclass
@@ -115,24 +116,9 @@ class Trace:
 
 
 def request_record(r: Request) -> RequestRecord:
-    return RequestRecord(
-        id=r.id,
-        prompt_ids=list(r.prompt_ids),
-        output_ids=list(r.output_ids),
-        arrival_step=r.arrival_step,
-        admit_step=r.admit_step,
-        first_token_step=r.first_token_step,
-        finish_step=r.finish_step,
-        finish_reason=r.finish_reason,
-        preemptions=r.preemptions,
-        prompt=r.prompt,
-        max_new_tokens=r.max_new_tokens,
-        arrival_s=r.arrival_s,
-        first_token_s=r.first_token_s,
-        finish_s=r.finish_s,
-        prefill_tokens=r.prefill_tokens,
-        cached_prompt_tokens=r.cached_prompt_tokens,
-    )
+    """The request's fields of the same names (lists copied: a live request's reply keeps growing)."""
+    fields = RequestRecord.__dataclass_fields__
+    return RequestRecord(**{name: copy(getattr(r, name)) for name in fields})
 
 
 STEP_DEFAULTS = {name: f.default for name, f in StepRecord.__dataclass_fields__.items() if f.default is not MISSING}

@@ -2,7 +2,8 @@
 
   tokens/step, tokens/s   output tokens produced (an EOS counts: it took a step to produce)
   slot utilization        seat-steps doing useful work (prefill or decode) / all seat-steps
-  prefix hit rate         prompt tokens served from the prefix cache / all prompt tokens admitted
+  prefix hit rate         prompt tokens the prefix cache served / prompt tokens admitted (each request's
+                          first admission: a re-admission after preemption finds mostly its own blocks)
   TTFT                    time to first token: arrival -> the step that produced it
   TPOT                    time per output token after the first (one average per request)
   ITL                     inter-token latency: every gap between two tokens of a request
@@ -60,15 +61,17 @@ def kv_waste(trace: Trace, upto: int | None = None) -> float:
 
 
 def prefix_cache_figures(trace: Trace, upto: int | None = None) -> dict[str, float | int]:
-    """Prompt tokens computed vs served from the prefix cache, and the hit rate."""
+    """Tokens prefilled (recomputation after preemption included), the prompt tokens of the requests admitted
+    and how many of those the prefix cache served at their first admission; the hit rate, at most 1."""
     steps = trace.steps[: None if upto is None else upto + 1]
-    computed = sum(s.prefill_tokens for s in steps)
     last = len(trace.steps) - 1 if upto is None else upto
-    cached = sum(r.cached_prompt_tokens for r in trace.requests if r.admit_step is not None and r.admit_step <= last)
+    admitted = [r for r in trace.requests if r.admit_step is not None and r.admit_step <= last]
+    prompt, cached = sum(len(r.prompt_ids) for r in admitted), sum(r.prompt_tokens_from_cache for r in admitted)
     return {
-        "prefill_tokens": computed,
-        "cached_prompt_tokens": cached,
-        "prefix_hit_rate": cached / (cached + computed) if cached + computed else 0.0,
+        "prefill_tokens": sum(s.prefill_tokens for s in steps),
+        "prompt_tokens": prompt,
+        "prompt_tokens_from_cache": cached,
+        "prefix_hit_rate": cached / prompt if prompt else 0.0,
     }
 
 

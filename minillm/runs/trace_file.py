@@ -3,7 +3,8 @@
 A trace may come from an upload in the app, a server's /trace or an old run on disk. It is plain
 JSON (never pickle: loading runs no code from the file), and anything malformed is a TraceError that
 names the first thing wrong. Version 1 files (one entry per seat per step, no token counts) are
-upgraded to version 2's shape on the way in.
+upgraded to version 2's shape on the way in, and older files' `cached_prompt_tokens` read as
+`prompt_tokens_from_cache` (see `renamed_fields`).
 """
 
 from __future__ import annotations
@@ -26,7 +27,7 @@ def from_dict(data: object) -> Trace:
     validate(data)
     if data["version"] == 1:
         data = upgrade_v1(data)
-    return Trace.from_dict(data)
+    return Trace.from_dict(renamed_fields(data))
 
 
 def loads(text: str | bytes) -> Trace:
@@ -39,6 +40,19 @@ def loads(text: str | bytes) -> Trace:
 
 def load(path: str | Path) -> Trace:
     return loads(Path(path).read_bytes())
+
+
+def renamed_fields(data: dict) -> dict:
+    """Traces written before `prompt_tokens_from_cache` have `cached_prompt_tokens`: the same figure summed over
+    a request's admissions (so it could exceed the prompt after a preemption). Read it capped at the prompt:
+    exact for every request that was never preempted."""
+    requests = [
+        r | {"prompt_tokens_from_cache": min(r["cached_prompt_tokens"], len(r["prompt_ids"]))}
+        if "cached_prompt_tokens" in r and "prompt_tokens_from_cache" not in r
+        else r
+        for r in data["requests"]
+    ]
+    return data | {"requests": requests}
 
 
 def upgrade_v1(data: dict) -> dict:

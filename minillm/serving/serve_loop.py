@@ -35,6 +35,7 @@ from dataclasses import dataclass
 from minillm.engine.engine import Engine
 from minillm.engine.request import Request
 from minillm.engine.trace import Trace, request_record
+from minillm.errors import InputError
 from minillm.serving.live_metrics import LiveStats, prometheus_text
 from minillm.serving.token_stream import AsyncTokenStream, Event, TokenStream, deliver
 from minillm.serving.trace_window import window
@@ -151,7 +152,13 @@ class ServeLoop:
             self.outbox.append((stream, Event("refused", status=429, detail=detail)))
             return
         request.arrival_s, request.arrival_step = engine.clock.now(), engine.step_no  # it arrives now
-        if not engine.submit(request):
+        try:
+            accepted = engine.submit(request)
+        except InputError as e:  # an id still in use (the server's own ids never are): refuse it, serve the rest
+            self.stats.count("rejected")
+            self.outbox.append((stream, Event("refused", status=400, detail=str(e))))
+            return
+        if not accepted:
             request.finish_step = engine.step_no  # (so the trace's window knows when it left)
             self.stats.count("rejected")
             reason = request.finish_reason.removeprefix("rejected: ")

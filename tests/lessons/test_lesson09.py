@@ -121,7 +121,7 @@ class Pool:
     def check(self, where: str) -> None:
         try:
             self.alloc.check()
-        except AssertionError as e:
+        except (AssertionError, TypeError) as e:  # (TypeError: self.block_of holds something else than dicts)
             raise AssertionError(
                 f"{where}: the allocator's books are broken: {e}. {why_broken(self, str(e))}"
             ) from None
@@ -147,22 +147,29 @@ def why_wrong_hit(held, wanted) -> str:
 
 def why_broken(pool: Pool, error: str) -> str:
     alloc = pool.alloc
+    if any(not isinstance(blocks, dict) for blocks in alloc.block_of.values()):
+        return (
+            "self.block_of maps a key to the blocks holding its tokens, {block: None, ...}: a dict, even when there "
+            "is one block"
+        )
     if "partly filled" in error:
         return "Only full blocks get a key: a partly filled block's owner still writes into it"
     if "free list" in error:
         return "A hit on a free cached block must take it off the free list (take_cached), or it is handed out twice"
-    stale = sorted(b for k, b in alloc.block_of.items() if alloc.key_of.get(b) != k)
+    stale = sorted(b for k, blocks in alloc.block_of.items() for b in blocks if alloc.key_of.get(b) != k)
     if stale:
         return (
-            f"self.block_of still sends an old key to block(s) {stale}, which now hold other tokens: a block the free "
-            "list hands out must lose its key, in self.block_of and in self.key_of"
+            f"self.block_of still lists block(s) {stale} under an old key, but they now hold other tokens: a block the "
+            "free list hands out must lose its key, in self.block_of and in self.key_of"
         )
-    copies = sorted(b for b, k in alloc.key_of.items() if alloc.block_of.get(k) != b)
-    if copies:
+    unlisted = sorted(b for b, k in alloc.key_of.items() if b not in alloc.block_of.get(k, {}))
+    if unlisted:
         return (
-            f"block(s) {copies} have a key that self.block_of gives to another block: when a key is already held, "
-            "keep the first block and leave the new block unkeyed"
+            f"block(s) {unlisted} have a key in self.key_of that self.block_of does not list them under: a block "
+            "handed out takes only its own place out of its key's blocks (another copy keeps the key)"
         )
+    if not all(alloc.block_of.values()):
+        return "a key whose last block was handed out must leave self.block_of too"
     return "see check() in minillm/engine/blocks.py"
 
 
@@ -229,18 +236,40 @@ def check_full_blocks_only(Allocator) -> None:
     assert all(b in pool.alloc.key_of for b in table[:3]), (
         f"at 12 tokens the sequence's third block {table[2]} is full: cache_full_blocks must key it now"
     )
-    both = seq_tokens(9, 7)  # two copies of the same prompt computed side by side, neither shared
-    for seq in (1, 2):
-        pool.alloc.append(seq, len(both))
-        pool.tokens[seq] = list(both)
+
+
+def computed_side_by_side(pool: Pool, ids: list[int], seqs=(1, 2)) -> None:
+    """Two sequences compute the same tokens in the same step: neither found them cached."""
+    for seq in seqs:
+        pool.alloc.append(seq, len(ids))
+        pool.tokens[seq] = list(ids)
         pool.write(seq, 0)
-    pool.alloc.cache_full_blocks(1, list(both))
-    pool.alloc.cache_full_blocks(2, list(both))
+    for seq in seqs:
+        pool.alloc.cache_full_blocks(seq, list(ids))
+
+
+def check_second_copy(Allocator) -> None:
+    """The same full blocks computed twice side by side: both copies keyed, and the tokens stay cached after
+    one copy is handed out for other tokens."""
+    pool = Pool(Allocator, 7, 4)
+    both = seq_tokens(9, 7)
+    computed_side_by_side(pool, both)
     pool.check("after two sequences computed the same 9 tokens side by side")
-    twice = [b for b in pool.alloc.tables[2][:2] if b in pool.alloc.key_of]
-    assert not twice, (
-        f"sequence 2's blocks {twice} hold the same tokens as sequence 1's, which already have those keys: keep "
-        "the first block for a key and leave the copy unkeyed"
+    first, second = pool.alloc.tables[1][:2], pool.alloc.tables[2][:2]
+    unkeyed = [b for b in first + second if b not in pool.alloc.key_of]
+    assert not unkeyed, (
+        f"sequences 1 and 2 computed the same 2 full blocks side by side ({first} and {second}); {unkeyed} got no "
+        "key: key them too, a second copy under the same key, so the tokens stay cached while either copy does"
+    )
+    pool.free(1)
+    pool.admit(3, seq_tokens(16, 17))  # 4 blocks: the one never used and sequence 1's three
+    pool.check("after sequence 1's blocks were handed out for other tokens")
+    again = both[:8] + [5]
+    hits = pool.alloc.cached_prefix(again)
+    pool.check_hits(again, hits, "the same 8 tokens again, after one copy was overwritten")
+    assert hits == second, (
+        f"sequence 2 still holds a copy of those 2 blocks ({second}), yet the cache found {hits}: a block handed "
+        "out takes only its own place out of its key's blocks (another copy keeps the key)"
     )
 
 
@@ -351,7 +380,7 @@ def shared_prefix_crowd(n: int = 14, seed: int = 3) -> list[Request]:
 ENGINE_RUNS = {"chunked, tight pool": dict(budget=7, num_blocks=30), "whole prompts": dict(budget=0, num_blocks=None)}
 
 
-def check_engine(Allocator, budget: int, num_blocks: int | None) -> None:
+def check_engine(Allocator, budget: int, num_blocks: int | None) -> Engine:
     """A crowd sharing two system prompts, through the real engine with your allocator in the paged cache:
     token-exact replies, books intact after every step, the cache actually used."""
     model, requests = small_model("gqa"), shared_prefix_crowd()
@@ -375,11 +404,12 @@ def check_engine(Allocator, budget: int, num_blocks: int | None) -> None:
     for r in requests:
         expected = expected_reply(model, tuple(r.prompt_ids), r.max_new_tokens, r.ignore_eos)
         assert r.output_ids == expected, (
-            f"{r.id} (served {r.cached_prompt_tokens} prompt tokens from the cache): its reply differs from the plain "
-            f"loop's, {first_difference(expected, r.output_ids)}: a hit gave it keys and values of other tokens"
+            f"{r.id} (served {r.prompt_tokens_from_cache} prompt tokens from the cache): its reply differs from the "
+            f"plain loop's, {first_difference(expected, r.output_ids)}: a hit gave it keys and values of other tokens"
         )
-    assert sum(r.cached_prompt_tokens for r in requests) > 0, "no prompt token was ever served from the cache"
+    assert sum(r.prompt_tokens_from_cache for r in requests) > 0, "no prompt token was ever served from the cache"
     assert engine.cache.free_blocks == engine.cache.num_blocks, "KV blocks are still held after the run"
+    return engine
 
 
 def check_all(Allocator) -> None:
@@ -393,6 +423,7 @@ CHECKS_IN_ORDER = {
     "a block's key": check_key,
     "no false hit after a different beginning": check_chain,
     "only full blocks get a key": check_full_blocks_only,
+    "a second copy keeps the tokens cached": check_second_copy,
     "the last token is left to compute": check_last_token,
     "a hit on a free cached block takes it off the free list": check_hit_on_a_free_block,
     "the least recently freed block goes first": check_least_recently_freed,
@@ -416,10 +447,10 @@ class Written(BlockAllocator):
     """The exercise written out, with switches for the mistakes below."""
 
     def __init__(self, num_blocks, block_size, chain=True, partial=False, whole=False, off_list=True, newest=False,
-                 forget=True, rekey=False):  # fmt: skip
+                 forget=True, first_only=False, every_copy=False):  # fmt: skip
         super().__init__(num_blocks, block_size, prefix_caching=True)
         self.chain, self.partial, self.whole, self.off_list = chain, partial, whole, off_list
-        self.newest, self.forget, self.rekey = newest, forget, rekey
+        self.newest, self.forget, self.first_only, self.every_copy = newest, forget, first_only, every_copy
 
     def key(self, previous, token_ids):
         head = previous if self.chain else b""  # without its predecessor (wrong)
@@ -434,7 +465,7 @@ class Written(BlockAllocator):
             key = self.key(key, token_ids[i * bs : (i + 1) * bs])
             if key not in self.block_of:
                 break
-            blocks.append(self.block_of[key])
+            blocks.append(next(iter(self.block_of[key])))
         return blocks
 
     def cache_full_blocks(self, seq, token_ids):
@@ -442,10 +473,10 @@ class Written(BlockAllocator):
         count = -(-len(token_ids) // bs) if self.partial else len(token_ids) // bs
         for i in range(count):
             key = self.key(key, token_ids[i * bs : (i + 1) * bs])
-            if key in self.block_of and not self.rekey:
+            if key in self.block_of and self.first_only:  # leaves a second copy unkeyed (wrong)
                 continue
-            if self.key_of.get(table[i]) != key:
-                self.block_of[key], self.key_of[table[i]] = table[i], key
+            self.block_of.setdefault(key, {})[table[i]] = None
+            self.key_of[table[i]] = key
 
     def take_cached(self, block):
         if self.ref_counts[block] == 0 and self.off_list:
@@ -455,17 +486,23 @@ class Written(BlockAllocator):
     def _take_free(self):
         block, _ = self.free_blocks.popitem(last=self.newest)  # last=True: the most recently freed (wrong)
         key = self.key_of.pop(block, None)
-        if key is not None and self.forget:
-            del self.block_of[key]
+        if key is not None and self.forget and self.every_copy:
+            del self.block_of[key]  # every copy of the key forgotten, not only this block (wrong)
+        elif key is not None and self.forget:
+            del self.block_of[key][block]
+            if not self.block_of[key]:
+                del self.block_of[key]
         elif key is not None:
             self.key_of[block] = key  # keeps its old key (wrong)
         return block
 
     def share_prefix(self, seq, blocks):
+        table = self.tables.setdefault(seq, [])
         for block in blocks:
             self.extra_holds += self.ref_counts[block] > 0
             self.take_cached(block)
-        self.tables[seq], self.lengths[seq] = list(blocks), len(blocks) * self.block_size
+        table += blocks
+        self.lengths[seq] = len(table) * self.block_size
         return len(blocks) * self.block_size
 
 
@@ -480,7 +517,8 @@ WRONG = {
     "hit-on-a-free-block-stays-on-the-free-list": (dict(off_list=False), "must take it off the free list"),
     "evicts-the-most-recently-freed": (dict(newest=True), "evict the least recently freed first"),
     "reused-block-keeps-its-old-key": (dict(forget=False), "must lose its key"),
-    "rekeys-a-copy-of-a-cached-block": (dict(rekey=True), "leave the copy unkeyed|the new block unkeyed"),
+    "leaves-a-second-copy-unkeyed": (dict(first_only=True), "key them too"),
+    "forgets-every-copy-when-one-is-handed-out": (dict(every_copy=True), "takes only its own place out"),
 }
 
 
@@ -542,15 +580,9 @@ CAUGHT_IN_THE_ENGINE = [
 
 @CHECKS
 def test_the_tight_engine_run_evicts_cached_blocks():
-    class Recording(ReferencePrefixAllocator):
-        evicted = 0
-
-        def _take_free(self):
-            Recording.evicted += next(iter(self.free_blocks)) in self.key_of
-            return super()._take_free()
-
-    check_engine(Recording, **ENGINE_RUNS["chunked, tight pool"])
-    assert Recording.evicted > 0
+    engine = check_engine(ReferencePrefixAllocator, **ENGINE_RUNS["chunked, tight pool"])
+    events = engine.cache.allocator.events  # (the reference allocator counts what happens to its cache)
+    assert events["evicted_keyed"] > 0 and events["hit_blocks"] > 0 and events["shared_writes"] == 0
 
 
 @CHECKS
