@@ -10,9 +10,10 @@ Every step:
   5. run       - every seated request with tokens to run is one row of ONE forward: decode rows
                  run 1 token, prompts a chunk or the whole prompt (packing.py, runner.py)
   6. finish    - rows that reached the end of their sequence got a token; EOS or length ends a
-                 request and frees its KV at once; its seat is free for the next step (or held
+                 request
+  7. record    - a StepRecord for the trace (the KV memory as this step's forward used it)
+  8. release   - finished requests free their KV; their seats are free for the next step (or held
                  idle, under a policy that holds seats)
-  7. record    - a StepRecord for the trace
 
 The engine never knows what runs the forward: the real model (runner.ModelRunner) or a
 simulated card on a virtual clock (simulate.py). Both give it next tokens and a clock.
@@ -152,6 +153,8 @@ class Engine:
         finished = [r for r, token in zip(batch.sampled, produced) if self._accept(r, token)]
         made = {r.id for r in batch.sampled}
         record = self._record(plan, rows, kinds, made, finished, batch.padding_rows, begin)
+        for request in finished:  # after the record: a reply's last step still shows the KV it ran on
+            self._release(request)
         self.step_no += 1
         return record
 
@@ -210,7 +213,7 @@ class Engine:
             self.cache.commit(request.seat, request.tokens[: request.num_computed])
 
     def _accept(self, request: Request, token: int) -> bool:
-        """Append the new token; finish the request (freeing its KV) on EOS or length. True if it finished."""
+        """Append the new token; finish the request on EOS or length (step() frees its KV). True if it finished."""
         now = self.clock.now()
         if request.first_token_step is None:
             request.first_token_step, request.first_token_s = self.step_no, now
@@ -223,15 +226,18 @@ class Engine:
             reason = "length"
         request.state, request.finish_reason = State.FINISHED, reason
         request.finish_step, request.finish_s = self.step_no, now
+        return True
+
+    def _release(self, request: Request) -> None:
+        """A finished request gives back its KV memory, and its seat unless the policy holds it."""
         self.cache.free(request.seat)
         if not self.scheduler.holds_finished_seats:
             self.seats[request.seat] = None
-        return True
 
     # --- recording -------------------------------------------------------------------------------
     def _record(self, plan, rows, kinds, made: set[str], finished, padding: int, begin: float) -> StepRecord:
         ran = {r.id: n for r, n in rows}
-        occupants = {r.seat: r for r in finished} | {s: r for s, r in enumerate(self.seats) if r is not None}
+        occupants = {s: r for s, r in enumerate(self.seats) if r is not None}
         seats = []
         for seat in sorted(occupants):
             r = occupants[seat]
@@ -239,7 +245,7 @@ class Engine:
                 seats.append([seat, r.id, kinds[r.id], ran[r.id], int(r.id in made)])
             else:
                 seats.append([seat, r.id, "held" if r.is_finished else "stalled", 0, 0])
-        live = {r.seat: r for r in self.running()}
+        live = {r.seat: r for r in self.running() + finished}  # (finished this step: their KV is not freed yet)
         now = self.clock.now()
         record = StepRecord(
             step=self.step_no,

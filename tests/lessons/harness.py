@@ -339,12 +339,14 @@ def first_difference(expected: list, got: list) -> str:
     return "no difference"
 
 
-def run_seed_story(scheduler, judge, steps: int = 500) -> dict[str, Request]:
-    """The lessons' eight users on four seats (fixed reply lengths), for `steps` steps: enough to see H join."""
+def run_seed_story(scheduler, judge, steps: int | None = None) -> dict[str, Request]:
+    """The lessons' eight users on four seats, for `steps` steps (default: the longest reply's, plus one: enough
+    to see the last user join under either policy)."""
     from lessons.fairness import stand_in_model
-    from minillm.runs.workload import SEED_STORY_SLOTS, seed_story
+    from minillm.runs.workload import SEED_STORY, SEED_STORY_SLOTS, seed_story
 
-    model = stand_in_model(1024)  # no computation: ignore_eos fixes every reply's length, so any model works
+    steps = steps or max(n for *_, n in SEED_STORY) + 1
+    model = stand_in_model(1024)  # no computation: it never says EOS, and each story reply's cap is its length
     requests = seed_story()
     engine = Engine(model, Referee(scheduler, judge), EngineConfig(slots=SEED_STORY_SLOTS, max_len=1024))
     for r in requests:
