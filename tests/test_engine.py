@@ -105,7 +105,9 @@ def test_the_kv_record_agrees_with_the_seats_at_every_step(scheduler_cls, kv):
     a held seat holds none; the count in use is the blocks on the map."""
     model = random_model("gqa")
     requests = crowd(12, seed=1)
-    engine, trace = serve(model, scheduler_cls, kv, requests, slots=3, block_size=4, num_blocks=14 if kv == "paged" else None)
+    engine, trace = serve(
+        model, scheduler_cls, kv, requests, slots=3, block_size=4, num_blocks=14 if kv == "paged" else None
+    )
     last_step = {r.id: r.finish_step for r in requests}
     for s in trace.steps:
         working = {rid for _, rid, state, _, _ in s.seats if state in ("prefill", "decode")}

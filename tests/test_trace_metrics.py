@@ -57,7 +57,9 @@ def test_seed_story_events_happen_at_the_story_steps(story_traces):
         for r in trace.requests:
             assert r.finish_step - r.admit_step + 1 == STEPS[r.id]
     # the story's shape: one long reply holds the static batch while the other three are done
-    held = [s for s in story_traces["static"].steps if sum(slot["state"] == "held" for slot in filter(None, s.slots)) == 3]
+    held = [
+        s for s in story_traces["static"].steps if sum(slot["state"] == "held" for slot in filter(None, s.slots)) == 3
+    ]
     assert len(held) > longest / 2
 
 

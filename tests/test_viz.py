@@ -50,7 +50,7 @@ from viz import (
 from viz.colors import CACHED_FREE_BLOCK, HELD, STATE_CODES, STATE_RGB, rgb255
 from viz.html import figures_html, token_budget_html
 from viz.occupancy import seat_runs
-from viz.raster import LEFT, TOP, OccupancyRaster
+from viz.raster import TOP, OccupancyRaster
 from viz.replies import RequestStatuses
 
 
@@ -224,7 +224,7 @@ def test_raster_pixels_and_frames_match_the_trace(traces):
     grid = occupancy_grid(trace)
     for seat in range(3):
         for t in range(len(trace.steps)):
-            x = LEFT + (raster.left_px[t] + raster.right_px[t]) // 2
+            x = raster.left + (raster.left_px[t] + raster.right_px[t]) // 2
             y = TOP + seat * raster.row_h + 1  # the top edge of the cell, clear of the label
             if raster.right_px[t] - raster.left_px[t] > 2:
                 assert tuple(picture[y, x]) == tuple(STATE_RGB[grid[seat, t]])
@@ -387,7 +387,7 @@ def test_a_time_axis_leaves_idle_gaps_empty():
     assert gaps, "this crowd never left the engine idle"
     scale = raster.plot_w / raster.axis
     a, b = gaps[0]
-    x = LEFT + int((a + b) / 2 * scale)
+    x = raster.left + int((a + b) / 2 * scale)
     rows = TOP + np.arange(raster.slots) * raster.row_h + 1  # a pixel inside each seat's row
     assert (picture[rows, x] == STATE_RGB[0]).all()  # nobody seated while the engine waits
 

@@ -23,6 +23,7 @@ picked so that its correct reply has about the drawn length, and the model decid
 from __future__ import annotations
 
 import bisect
+import functools
 import random
 from dataclasses import dataclass
 
@@ -82,12 +83,20 @@ def seed_story() -> list[Request]:
     ]
 
 
+@functools.cache
+def countdown_for_length(length: int, longest_countdown: int = tasks.MAX_COUNT) -> int:
+    """The N whose "count down from N" reply (plus EOS) is closest to `length` tokens (cached: a crowd asks often)."""
+    starts = range(1, longest_countdown + 1)
+    return min(starts, key=lambda k: abs(len(tasks.solve(f"count down from {k}")) + 1 - length))
+
+
+longest_countdown_after = functools.cache(tasks.longest_countdown)  # the same few preambles, over and over
+
+
 def prompt_with_reply_length(length: int, rng: random.Random, longest_countdown: int = tasks.MAX_COUNT) -> str:
     """A task prompt whose correct reply (plus EOS) is about `length` tokens."""
     if length > 40:  # counting down makes the long replies (and the shipped model stops those reliably)
-        starts = range(1, longest_countdown + 1)
-        n = min(starts, key=lambda k: abs(len(tasks.solve(f"count down from {k}")) + 1 - length))
-        return f"count down from {n}"
+        return f"count down from {countdown_for_length(length, longest_countdown)}"
     candidates = [tasks.TASKS[rng.choice(list(tasks.TASKS))](rng)[0] for _ in range(24)]
     return min(candidates, key=lambda p: abs(len(tasks.solve(p)) + 1 - length))
 
@@ -131,7 +140,7 @@ def poisson_arrivals(n: int, rate: float, rng: random.Random) -> list[float]:
 
 def _chat_request(rid: str, rng: random.Random, knobs: ChatKnobs, preamble: str | None = None) -> Request:
     length = draw_reply_length(rng, knobs.mean_reply, knobs.spread)
-    prompt = prompt_with_reply_length(length, rng, tasks.longest_countdown(preamble) if preamble else tasks.MAX_COUNT)
+    prompt = prompt_with_reply_length(length, rng, longest_countdown_after(preamble) if preamble else tasks.MAX_COUNT)
     budget = length if knobs.force_lengths else MAX_REPLY + 100  # real EOS: a generous safety cap
     if preamble:
         budget = min(budget, tasks.CONTEXT - len(encode_prompt(prompt, preamble)) - 1)

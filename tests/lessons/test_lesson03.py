@@ -87,7 +87,9 @@ def check_seed_story(scheduler_cls) -> None:
     batch = SEED_STORY[:SEED_STORY_SLOTS]  # the story's first users fill the seats; the rest board together
     longest, steps = max(((rid, n) for rid, _, n in batch), key=lambda x: x[1])
     first = f"the first batch: {len(batch)} users, {SEED_STORY_SLOTS} free seats"
-    late = f"{longest}, the longest of the first batch, finished at step {steps - 1}; only then may the next batch start"
+    late = (
+        f"{longest}, the longest of the first batch, finished at step {steps - 1}; only then may the next batch start"
+    )
     expected = {rid: 0 if i < SEED_STORY_SLOTS else steps for i, (rid, _, _) in enumerate(SEED_STORY)}
     assert_admitted_at(story, expected, {rid: first if step == 0 else late for rid, step in expected.items()})
 

@@ -19,6 +19,7 @@ import streamlit as st
 
 from minillm.engine.trace import Trace
 from minillm.runs import trace_file
+from viz.app import presenter
 from viz.app.playback import show_png
 from viz.html import (
     figures_html,
@@ -163,8 +164,9 @@ def disconnect() -> None:
 
 
 def sidebar() -> None:
-    bar = st.sidebar
-    bar.header("Live server")
+    bar = presenter.settings("live server: URL, connect")
+    if bar is st.sidebar:
+        bar.header("Live server")
     st.session_state.setdefault("live_url", DEFAULT_URL)
     bar.text_input("server URL", key="live_url", persist_state="page", on_change=connect,
                    help="where `python -m minillm serve` listens (its --host and --port)")  # fmt: skip
