@@ -76,7 +76,7 @@ def plot_occupancy(trace: Trace, upto: int | None = None, ax=None, title: str | 
     if many:
         shown = stacked(shown)
     if ax is None:
-        fig = Figure(figsize=(12, 1.3 + 0.45 * min(slots, 16)), layout="constrained")
+        fig = Figure(figsize=(12, 4.2 if many else 1.3 + 0.45 * slots), layout="constrained")
         ax = fig.add_subplot()
     ax.imshow(STATE_RGB[shown], aspect="auto", interpolation="nearest", extent=(-0.5, n - 0.5, slots - 0.5, -0.5))
     if many:  # a count of seats, from the bottom

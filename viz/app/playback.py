@@ -26,7 +26,8 @@ from viz.html import (
 )
 from viz.player import Timeline, TracePlayer, decimals
 
-SPEEDS = [1, 2, 5, 10, 20, 50, 100]  # positions (steps, or ticks of the simulated clock) per second of playback
+SPEEDS = [1, 2, 5, 10, 20, 50, 100]
+# positions (steps, or ticks of the simulated clock) per second of playback
 FRAME_S = 0.2  # the shortest time between two frames
 
 
@@ -86,13 +87,14 @@ def controls(transport: Transport, timeline: Timeline) -> None:
     row = st.columns(widths, vertical_alignment="center")
     icon = lambda name: f":material/{name}:"
     row[0].button("", icon=icon("skip_previous"), key=key("restart"), on_click=transport.go_to, args=(0,),
-                  shortcut="Home")  # fmt: skip
+                  shortcut="Home", help="to the start (Home)")  # fmt: skip
     row[1].button("", icon=icon("chevron_left"), key=key("back"), on_click=transport.shift, args=(-1, last),
-                  shortcut="Left")  # fmt: skip
+                  shortcut="Left", help="a step back (←)")  # fmt: skip
     label, symbol = ("pause", "pause") if transport.playing else ("play", "play_arrow")
-    row[2].button(label, icon=icon(symbol), key=key("play"), on_click=transport.toggle, args=(last,), shortcut="Space")
+    row[2].button(label, icon=icon(symbol), key=key("play"), on_click=transport.toggle, args=(last,), shortcut="Space",
+                  help="play or pause (Space)")  # fmt: skip
     row[3].button("", icon=icon("chevron_right"), key=key("forward"), on_click=transport.shift, args=(1, last),
-                  shortcut="Right")  # fmt: skip
+                  shortcut="Right", help="a step forward (→)")  # fmt: skip
     row[4].selectbox("speed", SPEEDS, key=key("speed"), format_func=timeline.speed_label, label_visibility="collapsed")
     if last == 0:
         return
@@ -200,7 +202,7 @@ def seats_busy_headline(players: list[tuple[str, TracePlayer]], note: str = "") 
         unit = (lambda v: f"{v:,.1f} s") if players[0][1].simulated else (lambda v: f"step {v:,}")
         done = ", ".join(f"{part[0]} {unit(end)}" for part, end in zip(parts, ends))
         note = f"{note} Last request done: {done}.".strip()
-    label = "Seats busy over the whole run (same requests, model, seats and KV memory: only the scheduler differs)"
+    label = "Seats busy over the whole run (same requests and seats: only the scheduler differs)"
     st.markdown(headline_html(label, parts, note), unsafe_allow_html=True)
 
 

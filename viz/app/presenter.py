@@ -17,13 +17,17 @@ CHART_TEXT_PX = 24  # the occupancy chart's lettering (drawn into the picture: s
 CHART_WIDTH_PX = {1: 1200, 2: 760}  # the chart's width, one panel or two side by side: at 1280 px a two-panel
 # chart is shown about 0.8x (its 24 px text reads as 19 px), at 1920 about 1.2x
 
+# Streamlit prints a button's keyboard shortcut inside it ("Space"), which squeezed "play" out of its box at 1280 px
+# (in either view): the shortcuts still work, and each button's tooltip names its key.
+ALWAYS = "<style>[data-testid^='stBaseButton'] kbd { display: none; }</style>"
 CSS = f"""<style>
 html {{ font-size: {FONT_PX}px !important; }}
 @media (min-width: {WIDE_FROM_PX}px) {{ html {{ font-size: {WIDE_FONT_PX}px !important; }} }}
 section[data-testid="stSidebar"], [data-testid="stSidebarCollapsedControl"], [data-testid="stExpandSidebarButton"],
 header[data-testid="stHeader"] {{ display: none !important; }}
-[data-testid="stMainBlockContainer"] {{ padding: 0.4rem {PADDING_REM}rem 2rem {PADDING_REM}rem !important;
+[data-testid="stMainBlockContainer"] {{ padding: 0.2rem {PADDING_REM}rem 2rem {PADDING_REM}rem !important;
   max-width: 100% !important; }}
+[data-testid="stMainBlockContainer"] [data-testid="stVerticalBlock"] {{ gap: 0.6rem; }}
 </style>"""
 
 
@@ -52,13 +56,18 @@ def toggle(where) -> None:
 
 
 def style() -> None:
-    if on():
-        st.markdown(CSS, unsafe_allow_html=True)
+    st.markdown(ALWAYS + (CSS if on() else ""), unsafe_allow_html=True)
 
 
-def settings(label: str):
-    """Where a view puts its settings: the sidebar, or in the presenter view an expander at the top of the view."""
-    return st.expander(label, icon=":material/tune:") if on() else st.sidebar
+def settings(label: str, where=None):
+    """Where a view puts its settings: the sidebar, or in the presenter view an expander at the top of the view
+    (or in `where`, e.g. a column, to share a row with another)."""
+    return (where or st).expander(label, icon=":material/tune:") if on() else st.sidebar
+
+
+def settings_row(count: int) -> list:
+    """Columns for `count` settings expanders side by side in the presenter view (none needed otherwise)."""
+    return list(st.columns(count)) if on() else [None] * count
 
 
 def chart_width(panels: int, normal: int) -> int:

@@ -131,9 +131,9 @@ def heading(bar, text: str) -> None:
         bar.markdown(f"**{text}**")
 
 
-def sidebar() -> tuple[dict, str, str]:
+def sidebar(where=None) -> tuple[dict, str, str]:
     """Settings of the run (the cache key), the device and which schedulers to show."""
-    bar = presenter.settings("settings: workload, seats, KV memory, schedulers")
+    bar = presenter.settings("settings: workload, seats, KV, schedulers", where)
     heading(bar, "Workload")
     workload = bar.selectbox("workload", WORKLOADS, key="workload", help=WORKLOAD_HELP)
     knobs, seed = None, 0
@@ -175,9 +175,9 @@ def remember_upload() -> None:
     st.session_state.upload_bytes = upload.getvalue() if upload is not None else None
 
 
-def exports(players: list[tuple[str, TracePlayer]]) -> None:
+def exports(players: list[tuple[str, TracePlayer]], where=None) -> None:
     """Downloads are built only when clicked, and clicking does not rerun the app."""
-    bar = presenter.settings("save or load a trace")
+    bar = presenter.settings("save or load a trace", where)
     heading(bar, "Save / load a trace")
     for title, player in players:
         trace, name = player.trace, f"minillm-{player.trace.config['workload']}-{title.replace(' ', '-')}"
@@ -212,17 +212,19 @@ def story_moment(players: list[tuple[str, TracePlayer]]) -> str:
     static, continuous = traces.get("static"), traces.get("continuous")
     if static is None or continuous is None or static.config.get("workload") != "seed-story":
         return ""
-    alone = [s.step for s in static.steps if busy_seats(s) == 1 and any(e[2] == "held" for e in s.seats)]
+    alone = {s.step for s in static.steps if busy_seats(s) == 1 and any(e[2] == "held" for e in s.seats)}
     if not alone:
         return ""
-    step, seats = alone[0], static.config["slots"]
-    who = next(rid for _, rid, state, _, _ in static.steps[step].seats if state in ("prefill", "decode"))
-    now_s, now_c = utilization_now(static, step), utilization_now(continuous, min(step, len(continuous.steps) - 1))
+    first = last = min(alone)  # the first such stretch: one user left in the first batch
+    while last + 1 in alone:
+        last += 1
+    who = next(rid for _, rid, state, _, _ in static.steps[first].seats if state in ("prefill", "decode"))
+    now_s, now_c = utilization_now(static, first), utilization_now(continuous, min(first, len(continuous.steps) - 1))
     return (
-        f"The articles' <b>~9% vs ~93%</b> (and <b>1/8</b> for 8 seats with one user left) are seats busy <i>at one "
-        f"moment</i>, while one long reply holds a static batch; here that moment is steps {alone[0]}–{alone[-1]}, "
-        f"{who} alone: static <b>{now_s:.0%}</b> (1 of {seats}), continuous <b>{now_c:.0%}</b>. "
-        "A whole run also counts the steps when every seat was busy, so its figures differ."
+        f"The articles' <b>~9% vs ~93%</b> (<b>1/8</b> for 8 seats and one user left) are seats busy <i>at one "
+        f"moment</i>, while one long reply holds a static batch: here steps {first}–{last}, {who} alone: static "
+        f"<b>{now_s:.0%}</b>, continuous <b>{now_c:.0%}</b>. A whole run also counts the steps when every seat "
+        "was busy, so its figures differ."
     )
 
 
@@ -279,8 +281,9 @@ def show() -> None:
     start = st.query_params.get("step", "0")  # ?step=300 opens at that step: a link to a moment of the lesson
     transport = Transport(position=int(start) if start.isdigit() else 0)
     st.session_state.setdefault("upload_bytes", None)
-    settings, device, schedule = sidebar()
+    left, right = presenter.settings_row(2)
+    settings, device, schedule = sidebar(left)
     players = uploaded_players() or live_players(settings, device, schedule)
-    exports(players)
+    exports(players, right)
     if players:
         play(players, transport, headline=comparison)

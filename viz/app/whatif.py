@@ -92,15 +92,15 @@ def new_axes(width_in: float, height_in: float):
 def card_pictures(card: str, model: str, dtype: str, kv_dtype: str, context: int, large: bool = False):
     """The memory split, users against context and speed against batch (None where not one user fits), as PNGs.
     large (the presenter view): the same drawings on smaller canvases at a higher resolution, so their lettering
-    comes out about 1.6 times as large on screen."""
+    comes out about 1.4 times as large on screen."""
     spec, device = load_spec(model), get_device(card, "auto")
     plan = whatif.plan(spec, device, dtype, kv_dtype, context)
-    shrink, dpi = (0.62, 180) if large else (1.0, 110)
+    shrink, dpi = (0.8, 150) if large else (1.0, 110)
     args = (spec, device, context, dtype, kv_dtype)
     return (
-        figure_png(plot_memory_split(plan, ax=new_axes(10 * shrink, 2.2 * shrink + 0.4)), dpi),
-        figure_png(plot_users_by_context(*args, ax=new_axes(6 * shrink, 3.6 * shrink + 0.3)), dpi),
-        figure_png(plot_speed_by_batch(*args, ax=new_axes(6 * shrink, 3.6 * shrink + 0.3)), dpi)
+        figure_png(plot_memory_split(plan, ax=new_axes(10 * shrink, 2.2 * shrink + (0.3 if large else 0))), dpi),
+        figure_png(plot_users_by_context(*args, ax=new_axes(6 * shrink, 3.6 * shrink)), dpi),
+        figure_png(plot_speed_by_batch(*args, ax=new_axes(6 * shrink, 3.6 * shrink)), dpi)
         if plan["max_users"]
         else None,
     )
@@ -174,7 +174,7 @@ PREFIX_WORK_PER_BLOCK = 1 / 1000  # with prefix caching a step also counts the p
 
 
 def crowd_settings() -> dict:
-    row = st.columns([1.3, 1, 1.2, 1.1, 1, 0.9])
+    row = st.columns([1.3, 1, 1.2, 1.1, 1.15, 1.35])
     azure = "azure-conv / azure-code: prompt and reply lengths from Azure's 2023 LLM inference trace"
     workload = row[0].selectbox("workload", WORKLOADS, key="wi_workload", help=azure)
     return {
