@@ -204,4 +204,3 @@ def test_the_browser_cuts_no_label_at_1280x720(app_server, view, present):
                          timeout=240, env=os.environ | {"PYTHONPATH": str(ROOT)})  # fmt: skip
     assert run.returncode == 0, run.stdout + run.stderr
     assert "0 cut label(s)" in run.stdout
-
