@@ -84,10 +84,16 @@ def seed_story() -> list[Request]:
 
 
 @functools.cache
+def countdown_lengths() -> tuple[int, ...]:
+    """Tokens of each countdown's reply with its EOS: "count down from N" is entry N - 1."""
+    return tuple(len(tasks.solve(f"count down from {k}")) + 1 for k in range(1, tasks.MAX_COUNT + 1))
+
+
+@functools.cache
 def countdown_for_length(length: int, longest_countdown: int = tasks.MAX_COUNT) -> int:
-    """The N whose "count down from N" reply (plus EOS) is closest to `length` tokens (cached: a crowd asks often)."""
-    starts = range(1, longest_countdown + 1)
-    return min(starts, key=lambda k: abs(len(tasks.solve(f"count down from {k}")) + 1 - length))
+    """The N whose "count down from N" reply (plus EOS) is closest to `length` tokens (the smallest such N)."""
+    lengths = countdown_lengths()
+    return 1 + min(range(longest_countdown), key=lambda i: abs(lengths[i] - length))
 
 
 longest_countdown_after = functools.cache(tasks.longest_countdown)  # the same few preambles, over and over

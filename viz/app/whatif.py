@@ -166,11 +166,12 @@ def card_view(choice: dict) -> dict | None:
 
 
 # --- the simulated crowd ------------------------------------------------------------------------
-CROWD_WORK = 10_000  # engine steps, plus seat entries / 18, both policies together: about a second of simulation
-# on this project's busy 2-core machine, where a step cost about 90 us and each seat in it (held ones too) 5 us more
-SEAT_WORK = 1 / 18
+CROWD_WORK = 7_500  # engine steps, plus seat entries / 11, both policies together: about a second of simulation on
+# this project's 2-core machine shared with other work (a step cost about 140 us, each seat in it, held or working,
+# about 12 us more). The default crowd needs about 7,000, so it is simulated to its end.
+SEAT_WORK = 1 / 11
 MAX_REQUESTS = 500  # a crowd of 2,000 took 3 s just to draw and submit (long Azure prompts, checked token by token)
-PREFIX_WORK_PER_BLOCK = 1 / 1000  # with prefix caching a step also counts the pool's cached free blocks (O(pool))
+PREFIX_WORK_PER_BLOCK = 1 / 500  # with prefix caching a step also counts the pool's cached free blocks: O(pool)
 
 
 def crowd_settings() -> dict:
@@ -179,7 +180,7 @@ def crowd_settings() -> dict:
     workload = row[0].selectbox("workload", WORKLOADS, key="wi_workload", help=azure)
     return {
         "workload": workload,
-        "requests": row[1].number_input("requests", 1, MAX_REQUESTS, 60, key="wi_requests",
+        "requests": row[1].number_input("requests", 1, MAX_REQUESTS, 50, key="wi_requests",
                                         help=f"at most {MAX_REQUESTS}: building and queueing a crowd costs time too"),
         "rate_per_s": row[2].select_slider("arrivals per s", RATES_PER_S, 4, key="wi_rate",
                                            help="arrivals per second (Poisson); 1000: everyone at once"),  # fmt: skip
