@@ -46,6 +46,8 @@ CAPTION_JS = (
     "[...document.querySelectorAll('p')].map(p => p.innerText).find(t => /^(step \\d+|[\\d.]+ s) of/.test(t)) || ''"
 )
 RUNNING_JS = "document.querySelector('[data-test-script-state]')?.dataset.testScriptState !== 'notRunning'"
+# a widget whose code has not loaded yet is drawn as a grey placeholder (a fresh browser profile loads each one once)
+LOADING_JS = "document.querySelectorAll('[data-testid=\"stSkeleton\"]').length"
 PLAY_JS = "[...document.querySelectorAll('button')].find(b => b.innerText.includes('play')).click()"
 # Text the browser cut: a label, a button's text, a select box's value, a figure's label, wider than the box that
 # clips it (overflow hidden or an ellipsis). Each as "text (needs N px, has M px)".
@@ -115,6 +117,10 @@ async def open_page(tools: DevTools, url: str, size: str) -> None:
         caption = await tools.evaluate(CAPTION_JS)
     print(f"drawn after {time.time() - began:.1f} s:", caption or "nothing (timed out)")
     while await tools.evaluate(RUNNING_JS):  # a click while the first run finishes would be lost
+        await asyncio.sleep(0.3)
+    for _ in range(100):
+        if not await tools.evaluate(LOADING_JS):
+            break
         await asyncio.sleep(0.3)
     await asyncio.sleep(1.5)  # let the last fragments and images land
 
