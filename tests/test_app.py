@@ -155,6 +155,21 @@ def test_ttft_so_far_counts_the_users_still_waiting():
     assert now[1] == "100%"
 
 
+def test_the_kv_bar_agrees_with_the_seats_when_the_last_reply_of_a_batch_ends():
+    """The step the static batch's long reply writes its last token: it still decodes there, so its KV blocks are
+    still on the map (once the bar read "0 of 256 blocks in use" beside it)."""
+    from minillm.runs.workload import SEED_STORY, SEED_STORY_SLOTS
+
+    last = max(n for *_, n in SEED_STORY[:SEED_STORY_SLOTS]) - 1  # B's EOS step
+    at = open_app(step=last)
+    used = [
+        int(n)
+        for n in re.findall(r"\*\*KV memory\*\*: (\d+) of \d+ blocks in use", " ".join(m.value for m in at.markdown))
+    ]
+    assert len(used) == 2 and used[0] > 0  # static: B alone, decoding
+    assert any('title="finished (eos)"' in m.value for m in at.markdown)
+
+
 def test_my_scheduler_stub_says_it_is_not_implemented():
     at = open_app(schedule="my scheduler")
     assert not at.exception
@@ -449,6 +464,15 @@ def test_live_view_says_when_the_server_stops(shipped_model):
     assert not at.exception
     assert at.error[0].value.startswith(f"Cannot reach {server.base}")
     assert reply_cells(at)  # the last steps received stay on screen
+
+
+def test_live_view_in_the_presenter_view_leads_with_the_servers_throughput(shipped_model):
+    with ServerThread(build_loop(shipped_model, slots=2)) as server:
+        httpx.post(f"{server.url}/completions", json={"prompt": "spell 7", "max_tokens": 20}, timeout=60)
+        at = open_live(server.base, present=True)
+        assert not at.exception and not at.error
+        assert set(headline_values(at)) == {"tokens/s", "seats busy"}
+        assert not at.sidebar.children  # the URL and connect are in the settings row
 
 
 def test_live_view_says_when_nothing_answers():
