@@ -8,12 +8,11 @@ simulated clock (simulate.py), static beside continuous, in the same step player
 seconds. The crowd follows the context slider: by default it gets a seat for every user that fits at that
 context, and a request longer than the context is turned away, as a server configured for it would.
 
-Every control must redraw within about 3 s on a 2-core laptop, so a simulation has a work budget
-(CROWD_WORK): the two policies advance together on the simulated clock, and when the budget is spent both
-stop at the same simulated moment, and the view says how much of the crowd that left out. A budget, rather
-than fewer requests, keeps the crowd the one asked for and the two runs comparable, and a run is the same on
-every machine (it stops at the same step, whatever the machine's speed). Each setting is simulated once per
-session (st.cache_resource): going back to one redraws at once.
+Every control must redraw within about 3 s on a 2-core laptop, so a simulation has a work budget (CROWD_WORK):
+the two policies advance together on the simulated clock, and when it is spent both stop at the same simulated
+moment and the view says how much of the crowd that left out. A budget keeps the crowd the one asked for (up to
+MAX_REQUESTS) and the two runs comparable, and a run the same on every machine (it stops at the same step, whatever
+the machine's speed). Each setting is simulated once per session (st.cache_resource): going back to one is instant.
 """
 
 from __future__ import annotations
@@ -35,7 +34,7 @@ from minillm.runs.run import workload_engine
 from minillm.runs.workload import ALL_WORKLOADS, SIMULATED_WORKLOADS, ChatKnobs
 from viz.app import presenter
 from viz.app.playback import Transport, play, seats_busy_headline
-from viz.card import plot_memory_split, plot_speed_by_batch, plot_users_by_context
+from viz.card import BLOCK, plot_memory_split, plot_speed_by_batch, plot_users_by_context
 from viz.html import figures_html, headline_html
 from viz.player import TracePlayer
 
@@ -113,7 +112,7 @@ def no_user_reason(plan: dict) -> str:
             f"the weights alone ({plan['weight_bytes'] / 2**30:,.1f} GiB) do not fit in "
             f"{plan['usable_bytes'] / 2**30:,.1f} GiB: pick a bigger card, a smaller model or smaller weights"
         )
-    one = -(-plan["context"] // 16) * 16 * plan["kv_bytes_per_token"]
+    one = -(-plan["context"] // BLOCK) * BLOCK * plan["kv_bytes_per_token"]
     return (f"one user's KV cache at {plan['context']:,} tokens needs {one / 2**30:,.1f} GiB, and "
             f"{plan['free_kv_bytes'] / 2**30:,.1f} GiB are left after the weights: pick a shorter context, a "
             "smaller KV dtype or a bigger card")  # fmt: skip
@@ -139,8 +138,8 @@ def headline(plan: dict, crowd: dict | None) -> None:
     ]), unsafe_allow_html=True)  # fmt: skip
 
 
-def card_view(choice: dict) -> dict | None:
-    """The roofline half. Returns the plan when at least one user fits (a crowd needs a seat), else None."""
+def card_view(choice: dict) -> bool:
+    """The roofline half. Returns whether at least one user fits (a crowd needs a seat)."""
     try:
         spec, device = load_spec(choice["model"]), get_device(choice["card"], "auto")
         args = (choice["dtype"], choice["kv_dtype"], choice["context"])
@@ -149,7 +148,7 @@ def card_view(choice: dict) -> dict | None:
         pictures = card_pictures(choice["card"], choice["model"], *args, large=presenter.on())
     except MinillmError as e:
         st.error(str(e))
-        return None
+        return False
     headline(plan, crowd)
     memory, users, speed = pictures
     st.image(memory, width="stretch")
@@ -162,7 +161,7 @@ def card_view(choice: dict) -> dict | None:
     with st.expander("the numbers, as `python -m minillm whatif` prints them"):
         flags = f"--model {choice['model']} --gpu {choice['card']} --dtype {args[0]} --kv-dtype {args[1]}"
         st.code(f"$ python -m minillm whatif {flags} --context {args[2]}\n{whatif.summary(plan)}", language=None)
-    return plan if crowd else None
+    return crowd is not None
 
 
 # --- the simulated crowd ------------------------------------------------------------------------
