@@ -1,6 +1,7 @@
 """minillm in the browser: watch one engine serve a crowd, step by step.
 
-    streamlit run app.py            (?view=what-if opens the second tab, ?step=300 a moment of the story)
+    streamlit run app.py            (?view=what-if opens the second tab, ?step=300 a moment of the story,
+                                     ?present=1 the presenter view: large type, no sidebar, for a projector)
     streamlit run app.py -- --live http://127.0.0.1:8000    (opens on the live tab, watching that server)
 
 A thin front end: each tab is a view in viz/app/, and only the open tab runs.
@@ -13,7 +14,7 @@ import sys
 
 import streamlit as st
 
-from viz.app import live, step_player, whatif
+from viz.app import live, presenter, step_player, whatif
 
 VIEWS = {  # tab -> the function that draws it (the first is the default)
     "step player": step_player.show,
@@ -36,8 +37,16 @@ def live_flag(argv: list[str]) -> str | None:
 
 
 def main() -> None:
-    st.set_page_config(page_title="minillm: one GPU, many users", page_icon="🧮", layout="wide")
-    st.title("minillm: one GPU, many users")
+    present = presenter.start()
+    st.set_page_config(page_title="minillm: one GPU, many users", page_icon="🧮", layout="wide",
+                       initial_sidebar_state="collapsed" if present else "auto")  # fmt: skip
+    presenter.style()
+    title, switch = st.columns([5, 1.4], vertical_alignment="center")
+    if present:
+        title.markdown("**minillm: one GPU, many users**")
+    else:
+        title.title("minillm: one GPU, many users")
+    presenter.toggle(switch)
     server = live_flag(sys.argv[1:])
     if server is not None:
         live.open_on(server)

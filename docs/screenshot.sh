@@ -1,11 +1,18 @@
 #!/usr/bin/env bash
-# Screenshot of the app for the README: starts streamlit on localhost, waits until it answers,
-# opens the seed story at a step (side by side) in headless chromium, saves docs/app.png.
+# Screenshots of the app for the README: starts streamlit on localhost, waits until it answers, opens the app in
+# headless chromium (docs/screenshot.py), saves PNGs.
 #   apt-get install -y chromium   # once (Debian)
-#   bash docs/screenshot.sh [step] [port] [--play SECONDS] [--view what-if] [--size W,H]
+#   bash docs/screenshot.sh --all             # the README's set: docs/app.png, and the presenter view of the step
+#                                             # player and the what-if tab at 1280x720 and 1920x1080 (docs/present-*)
+#   bash docs/screenshot.sh [step] [port] [--play SECONDS] [--view what-if] [--size W,H] [--present] [--check-labels]
 #   OUT=/tmp/whatif.png bash docs/screenshot.sh 0 8599 --view what-if   # another file (default docs/app.png)
 set -euo pipefail
 cd "$(dirname "$0")/.."
+all=false
+if [[ "${1:-}" == "--all" ]]; then
+  all=true
+  shift
+fi
 step="${1:-300}"
 port="${2:-8599}"
 
@@ -21,6 +28,17 @@ for _ in $(seq 120); do  # the health endpoint answers once the server is up
 done
 echo "server answering after $(( ($(date +%s%N) - began) / 1000000 )) ms"
 
+if $all; then
+  python docs/screenshot.py "http://localhost:$port/?step=$step" docs/app.png
+  for size in 1280x720 1920x1080; do
+    python docs/screenshot.py "http://localhost:$port/?step=$step" "docs/present-step-player-$size.png" \
+      --present --size "${size/x/,}" --check-labels
+    python docs/screenshot.py "http://localhost:$port/" "docs/present-what-if-$size.png" \
+      --present --view what-if --size "${size/x/,}" --check-labels
+  done
+  ls -l docs/app.png docs/present-*.png
+  exit
+fi
 out="${OUT:-docs/app.png}"
 python docs/screenshot.py "http://localhost:$port/?step=$step" "$out" "${@:3}"
 echo "wrote $out"

@@ -19,7 +19,7 @@ import torch
 from streamlit.testing.v1 import AppTest
 
 from app import live_flag
-from minillm.card import roofline
+from minillm.card import roofline, whatif
 from minillm.config import EngineConfig
 from minillm.engine.engine import Engine
 from minillm.engine.request import Request
@@ -57,6 +57,15 @@ def subheaders(at: AppTest) -> list[str]:
     return [s.value for s in at.subheader]
 
 
+def headline(at: AppTest) -> str:
+    """The view's one big number (viz.html.headline_html), as HTML."""
+    return next(m.value for m in at.markdown if "data-headline" in m.value)
+
+
+def headline_values(at: AppTest) -> dict[str, str]:
+    return dict(re.findall(r'data-headline="([^"]*)"[^>]*>([^<]*)<', headline(at)))
+
+
 def figure(at: AppTest, label: str) -> list[str]:
     """The value of a figure (viz.html.figures_html) in each panel, left to right."""
     pattern = f'data-figure="{re.escape(label)}">([^<]*)<'
@@ -90,8 +99,9 @@ def test_opens_on_the_seed_story_side_by_side_ready_to_play():
     assert subheaders(at) == ["static batching", "continuous batching"]
     assert shown_step(at) == 0
     assert at.button(key="play").label.endswith("play")
-    callout = at.success[0].value
-    assert "Seats busy" in callout and "Last request finishes" in callout
+    callout = headline(at)
+    assert "Seats busy over the whole run" in callout and "Last request done: static step" in callout
+    assert "~9% vs ~93%" in callout  # the articles' figures, beside the moment they describe
     assert sum("data:image/png;base64" in m.value for m in at.markdown) == 4  # seats + KV map, each side
 
 
@@ -104,7 +114,7 @@ def test_step_forward_back_and_scrub():
     assert shown_step(at) == 1
     at.slider(key="step").set_value(300).run()
     assert shown_step(at) == 300
-    assert any(">held<" in m.value for m in at.markdown)  # static batching keeps finished users' seats
+    assert any('title="held"' in m.value for m in at.markdown)  # static batching keeps finished users' seats
     at.button(key="restart").click().run()
     assert shown_step(at) == 0 and not at.exception
 
@@ -135,14 +145,29 @@ def test_switching_schedulers_and_kv_layout():
 
 def test_ttft_so_far_counts_the_users_still_waiting():
     """Step 300 of the seed story: static served A-D at once (TTFT 1 step each) while E-H, there since step 0, have
-    waited 301 steps: the median of four 1s and four 301s is 151, not 1. Continuous seated E at 12, F and G at 42."""
+    waited 301 steps: the median of four 1s and four 301s is 151, not 1. Continuous seated E at 12, F at 18, G at 42."""
     at = open_app(step=300)
     assert shown_step(at) == 300
-    assert figure(at, "TTFT p50, steps") == ["151", "7"]  # continuous: 1 1 1 1 13 43 43 and H's 301
+    assert figure(at, "TTFT p50, steps") == ["151", "7"]  # continuous: 1 1 1 1 13 19 43 and H's 301
     assert any("4 still waiting" in m.value for m in at.markdown)
     now, so_far = figure(at, "busy now"), figure(at, "busy so far")
     assert now[0] == "25%" and so_far[0] != now[0]  # static at step 300: B alone works, three seats are held
     assert now[1] == "100%"
+
+
+def test_the_kv_bar_agrees_with_the_seats_when_the_last_reply_of_a_batch_ends():
+    """The step the static batch's long reply writes its last token: it still decodes there, so its KV blocks are
+    still on the map (once the bar read "0 of 256 blocks in use" beside it)."""
+    from minillm.runs.workload import SEED_STORY, SEED_STORY_SLOTS
+
+    last = max(n for *_, n in SEED_STORY[:SEED_STORY_SLOTS]) - 1  # B's EOS step
+    at = open_app(step=last)
+    used = [
+        int(n)
+        for n in re.findall(r"\*\*KV memory\*\*: (\d+) of \d+ blocks in use", " ".join(m.value for m in at.markdown))
+    ]
+    assert len(used) == 2 and used[0] > 0  # static: B alone, decoding
+    assert any('title="finished (eos)"' in m.value for m in at.markdown)
 
 
 def test_my_scheduler_stub_says_it_is_not_implemented():
@@ -235,19 +260,26 @@ def test_token_budget_bar_and_shared_blocks_with_prefix_caching():
 SMALL_CROWD = {"wi_requests": 12}  # a few seconds of simulated serving: quick to run twice
 
 
+def crowd_line(at: AppTest) -> str:
+    return next(m.value for m in at.markdown if "| **static batching** |" in m.value)
+
+
 def test_what_if_prices_the_card_and_plays_a_simulated_crowd():
     at = open_app(view="what-if", **SMALL_CROWD)
     assert not at.exception and not at.error
-    metrics = {m.label: m.value for m in at.metric}
     from minillm.card.hardware import get_device
     from minillm.card.modelspec import load_spec
 
-    users = roofline.max_users(load_spec("llama-3.1-8b"), get_device("rtx-4090"), 4096)
-    assert metrics["users that fit"] == str(users)
+    spec, card = load_spec("llama-3.1-8b"), get_device("rtx-4090")
+    users = roofline.max_users(spec, card, 4096)
+    values = headline_values(at)
+    assert values["users that fit"] == str(users)
+    assert values["tokens/s each"] == f"{whatif.plan(spec, card, batch=users)['per_user_tokens_per_s']:,.1f}"
     assert len(at.get("image")) == 3  # memory split, users against context, speed against batch
     assert subheaders(at)[-2:] == ["static batching", "continuous batching"]
-    table = next(m.value for m in at.markdown if "| **static batching** |" in m.value)
+    table = crowd_line(at)
     assert "| **continuous batching** |" in table and "TPOT p99" in table
+    assert f"{users} seats (one per user that fits at 4,096)" in table  # the crowd follows the context
     assert any("KV memory" in m.value and "GiB" in m.value for m in at.markdown)  # a bar, not a block map
     assert shown_seconds(at) == 0.0
     at.button(key="sim_play").click().run()
@@ -257,6 +289,51 @@ def test_what_if_prices_the_card_and_plays_a_simulated_crowd():
     at.button(key="sim_play").click().run()
     at.slider(key="sim_seconds").set_value(10.0).run()
     assert shown_seconds(at) == 10.0 and not at.session_state["sim_playing"]
+
+
+def test_what_if_by_default_shows_continuous_busy_and_static_not():
+    """The lesson's point on a real card: a crowd that outruns the seats keeps continuous batching busy, while
+    static batching's seats idle behind each batch's longest reply."""
+    at = open_app(view="what-if")
+    values = re.findall(r'data-headline="(static|continuous)"[^>]*>(\d+)%<', " ".join(m.value for m in at.markdown))
+    busy = {policy: int(share) for policy, share in values}
+    assert busy["continuous"] >= 60 and busy["static"] <= 50, busy
+    assert "work budget" not in crowd_line(at)  # the default crowd is simulated to its end
+
+
+def test_a_crowd_too_big_for_a_quick_redraw_stops_both_policies_at_the_same_moment():
+    """One seat, 500 users: both policies stop where the work budget runs out, at the same simulated moment (each
+    run's last step starts before the other's ends), and the view says how many requests that left out."""
+    from viz.app.whatif import simulated_crowd
+
+    card = dict(card="rtx-4090", model="llama-3.1-8b", dtype="bf16", kv_dtype="bf16", context=4096)
+    crowd = dict(workload="azure-conv", requests=500, rate_per_s=4, token_budget=None, slots=1, prefix_caching=False)
+    settings = card | crowd
+    traces, cut = simulated_crowd(**settings)
+    assert cut
+    ends = {name: t.steps[-1].time_s for name, t in traces.items()}
+    starts = {name: t.steps[-1].time_s - t.steps[-1].wall_s for name, t in traces.items()}
+    assert starts["static"] <= ends["continuous"] and starts["continuous"] <= ends["static"]
+    again, _ = simulated_crowd.__wrapped__(**settings)  # (not from the cache: run again)
+    assert [len(t.steps) for t in again.values()] == [len(t.steps) for t in traces.values()]  # the same on any machine
+    line = crowd_line(open_app(view="what-if", wi_requests=500, wi_slots=1))
+    assert (
+        "where the work budget of a quick redraw ran out" in line and "requests were still waiting or running" in line
+    )
+
+
+def test_the_crowd_follows_the_context_slider():
+    """A seat for each user that fits at the slider's context, and the requests longer than it turned away."""
+    from minillm.card.hardware import get_device
+    from minillm.card.modelspec import load_spec
+
+    spec, card = load_spec("llama-3.1-8b"), get_device("rtx-4090")
+    short = crowd_line(open_app(view="what-if", wi_context=1024, **SMALL_CROWD))
+    assert f"{min(roofline.max_users(spec, card, 1024), 256)} seats (one per user that fits at 1,024)" in short
+    assert "requests were turned away: longer than the 1,024-token context" in short  # Azure's median prompt: 1020
+    long = crowd_line(open_app(view="what-if", wi_context=16384, **SMALL_CROWD))
+    assert f"{roofline.max_users(spec, card, 16384)} seats (one per user that fits at 16,384)" in long
+    assert "turned away" not in long
 
 
 @pytest.mark.parametrize(
@@ -269,10 +346,19 @@ def test_what_if_renders_other_cards_and_models(card, model, dtype):
     assert subheaders(at)[-2:] == ["static batching", "continuous batching"]
 
 
-def test_what_if_says_when_the_weights_do_not_fit():
-    at = open_app(view="what-if", wi_model="llama-3.1-70b", **SMALL_CROWD)  # 141 GB of bf16 on a 24 GB card
+@pytest.mark.parametrize(
+    "state, why",
+    [
+        ({"wi_model": "llama-3.1-70b"}, "weights alone"),  # 141 GB of bf16 on a 24 GB card
+        ({"wi_context": 131072}, "one user's KV cache at 131,072 tokens"),  # 8B: 16 GiB of KV for one user
+    ],
+)
+def test_what_if_says_when_no_user_fits_and_shows_no_speed(state, why):
+    at = open_app(view="what-if", **state, **SMALL_CROWD)
     assert not at.exception
-    assert any("weights alone do not fit" in c.value for c in at.code)
+    assert headline_values(at) == {"users that fit": "0"}  # no tokens/s beside it
+    assert why in headline(at) and any("No decode speed" in i.value for i in at.info)
+    assert len(at.get("image")) == 2  # the memory split and users against context; no speed against batch
     assert "static batching" not in subheaders(at)  # nothing to simulate
 
 
@@ -287,10 +373,10 @@ def shown_live_step(at: AppTest) -> int:
 
 
 def reply_cells(at: AppTest) -> list[tuple[str, str, str]]:
-    """(status, prompt, reply so far) of each row of the live replies table, top to bottom."""
-    table = next(m.value for m in at.markdown if "<th>reply so far</th>" in m.value)
-    row = r"<tr><td>.*?</td><td><span[^>]*>(?:✓ )?([^<]*)</span></td><td><code>([^<]*)</code></td><td[^>]*>([^<]*)</td>"
-    return re.findall(row, table)
+    """(status, prompt, reply so far) of each request in the chat window (viz.html.replies_html), top to bottom."""
+    chat = next(m.value for m in at.markdown if "data-chat" in m.value)
+    row = r'<span data-prompt[^>]*>([^<]*)</span>.*?<span data-reply[^>]*>([^<]*)</span><div[^>]*><span title="([^"]*)"'
+    return [(status, prompt, reply) for prompt, reply, status in re.findall(row, chat)]
 
 
 def dead_url() -> str:
@@ -378,6 +464,15 @@ def test_live_view_says_when_the_server_stops(shipped_model):
     assert not at.exception
     assert at.error[0].value.startswith(f"Cannot reach {server.base}")
     assert reply_cells(at)  # the last steps received stay on screen
+
+
+def test_live_view_in_the_presenter_view_leads_with_the_servers_throughput(shipped_model):
+    with ServerThread(build_loop(shipped_model, slots=2)) as server:
+        httpx.post(f"{server.url}/completions", json={"prompt": "spell 7", "max_tokens": 20}, timeout=60)
+        at = open_live(server.base, present=True)
+        assert not at.exception and not at.error
+        assert set(headline_values(at)) == {"tokens/s", "seats busy"}
+        assert not at.sidebar.children  # the URL and connect are in the settings row
 
 
 def test_live_view_says_when_nothing_answers():

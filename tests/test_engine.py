@@ -4,10 +4,10 @@ import pytest
 
 from minillm.config import EngineConfig
 from minillm.engine.blocks import BlockAllocator
-from minillm.engine.engine import Engine, EngineError
+from minillm.engine.engine import Engine
 from minillm.engine.generate import generate
 from minillm.engine.request import Request
-from minillm.engine.scheduler import ContinuousScheduler, StaticScheduler
+from minillm.engine.scheduler import ContinuousScheduler, PlanError, StaticScheduler
 from minillm.errors import InputError
 from tests.conftest import random_model
 from tests.lessons.harness import crowd  # the same mixed crowd the lesson checks use
@@ -99,6 +99,31 @@ def test_static_lets_nobody_join_until_the_whole_batch_has_finished(kv):
     assert any(slot and slot["state"] == "held" for s in trace.steps for slot in s.slots)
 
 
+@pytest.mark.parametrize("scheduler_cls,kv", COMBOS)
+def test_the_kv_record_agrees_with_the_seats_at_every_step(scheduler_cls, kv):
+    """A step's record shows the KV memory its forward ran on: every seat that ran tokens holds blocks, a request
+    writing its last token included (once, static batching's last straggler showed 0 blocks in use beside it);
+    a held seat holds none; the count in use is the blocks on the map."""
+    model = random_model("gqa")
+    requests = crowd(12, seed=1)
+    engine, trace = serve(
+        model, scheduler_cls, kv, requests, slots=3, block_size=4, num_blocks=14 if kv == "paged" else None
+    )
+    last_step = {r.id: r.finish_step for r in requests}
+    for s in trace.steps:
+        working = {rid for _, rid, state, _, _ in s.seats if state in ("prefill", "decode")}
+        held = {rid for _, rid, state, _, _ in s.seats if state == "held"}
+        assert working <= set(s.kv_tables), f"step {s.step}: {working - set(s.kv_tables)} ran with no KV on the map"
+        assert all(s.kv_tables[rid] and s.kv_tokens[rid] > 0 for rid in working), f"step {s.step}: an empty table"
+        assert not held & set(s.kv_tables), f"step {s.step}: a held seat still holds KV"
+        assert s.kv_blocks_used == len({b for blocks in s.kv_tables.values() for b in blocks})
+        assert s.kv_tokens_stored == sum(s.kv_tokens.values())
+        for rid in s.finished:  # its last step: every token but the last one written is in the cache
+            r = next(r for r in requests if r.id == rid)
+            assert last_step[rid] == s.step and s.kv_tokens[rid] == len(r.prompt_ids) + len(r.output_ids) - 1
+    assert engine.cache.free_blocks == engine.cache.num_blocks and engine.cache.stored_tokens == 0  # then freed
+
+
 def test_engine_rejects_a_plan_that_admits_a_request_twice():
     class Greedy(ContinuousScheduler):
         def schedule(self, waiting, seats, kv):
@@ -109,7 +134,7 @@ def test_engine_rejects_a_plan_that_admits_a_request_twice():
     model = random_model("gqa")
     engine = Engine(model, Greedy(), EngineConfig(slots=4, max_len=256))
     engine.submit(Request("a", [257, 1], 3))
-    with pytest.raises(EngineError, match="admitted the same request twice"):
+    with pytest.raises(PlanError, match="admitted the same request twice"):
         engine.run()
 
 

@@ -6,6 +6,8 @@ import pytest
 from minillm.engine.generate import generate
 from minillm.model.checkpoint import DEFAULT_CHECKPOINT, checkpoint_info
 from minillm.model.tokenizer import decode, encode_prompt
+from minillm.runs.run import run_workload
+from minillm.runs.workload import SEED_STORY, SEED_STORY_SLOTS
 from minillm.training import tasks
 from minillm.training.train import evaluate
 
@@ -68,3 +70,15 @@ def test_held_out_prompts_after_preambles_are_answered_exactly(shipped_model):
     for name, rows in results.items():
         r = rows["overall"]
         assert r["total"] >= 7 and r["correct"] >= r["total"] - 1, f"{name}: {rows}"  # at most one miss
+
+
+def test_every_seed_story_reply_ends_at_its_own_eos(shipped_model):
+    """The story on screen is the model's real answers: each reply is right and ends at its EOS, before its cap."""
+    trace = run_workload(shipped_model, "seed-story", "continuous")
+    lengths = {rid: (prompt, n) for rid, prompt, n in SEED_STORY}
+    for r in trace.requests:
+        prompt, n = lengths[r.id]
+        assert r.finish_reason == "eos", f"{r.id} ({prompt!r}) was cut: {decode(r.output_ids)!r}"
+        assert decode(r.output_ids) == tasks.solve(prompt) and len(r.output_ids) + 1 == n
+    first_batch = sorted(n for *_, n in SEED_STORY[:SEED_STORY_SLOTS])
+    assert first_batch[-1] > 5 * first_batch[-2]  # the story's shape: one long reply, the rest done long before

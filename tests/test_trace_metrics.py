@@ -21,7 +21,8 @@ from viz.replies import tokens_produced
 
 @pytest.fixture(scope="module")
 def story_traces():
-    """The seed story under both policies (fixed lengths: any model tells the same story)."""
+    """The seed story under both policies. Each reply's cap is its length with its EOS, so any model takes the same
+    steps (a random one ends by length where the shipped one says EOS: tests/test_shipped_model.py)."""
     torch.manual_seed(0)
     model = Transformer(replace(SMALL_CONFIGS["gqa"], max_seq_len=1024)).eval()
     traces = {}
@@ -37,26 +38,44 @@ def admitted_at(trace):
     return {rid: s.step for s in trace.steps for rid in s.admitted}
 
 
+STEPS = {rid: n for rid, _, n in SEED_STORY}  # each reply takes a step per token, its EOS included
+
+
 def test_seed_story_events_happen_at_the_story_steps(story_traces):
-    cont, static = admitted_at(story_traces["continuous"]), admitted_at(story_traces["static"])
-    assert cont == {"A": 0, "B": 0, "C": 0, "D": 0, "E": 12, "F": 42, "G": 42, "H": 499}
-    assert static == {"A": 0, "B": 0, "C": 0, "D": 0, "E": 499, "F": 499, "G": 499, "H": 499}
-    finish = {r.id: r.finish_step for r in story_traces["continuous"].requests}
-    assert finish["A"] == 11 and finish["C"] == finish["D"] == 41 and finish["B"] == 498
+    """Worked out on paper: static boards the next batch when the first batch's longest reply is done;
+    continuous gives each seat to the head of the queue the step after its reply ends."""
+    first, rest = SEED_STORY[:SEED_STORY_SLOTS], SEED_STORY[SEED_STORY_SLOTS:]
+    longest = max(n for *_, n in first)
+    static = admitted_at(story_traces["static"])
+    assert static == {rid: 0 for rid, *_ in first} | {rid: longest for rid, *_ in rest}
+    free_at, expected = [0] * SEED_STORY_SLOTS, {}
+    for rid, _, n in SEED_STORY:
+        seat = free_at.index(min(free_at))
+        expected[rid], free_at[seat] = free_at[seat], free_at[seat] + n
+    assert admitted_at(story_traces["continuous"]) == expected
+    for trace in story_traces.values():
+        for r in trace.requests:
+            assert r.finish_step - r.admit_step + 1 == STEPS[r.id]
+    # the story's shape: one long reply holds the static batch while the other three are done
+    held = [
+        s for s in story_traces["static"].steps if sum(slot["state"] == "held" for slot in filter(None, s.slots)) == 3
+    ]
+    assert len(held) > longest / 2
 
 
 def test_seed_story_metrics(story_traces):
     cont, static = summarize(story_traces["continuous"]), summarize(story_traces["static"])
     assert cont["finished"] == static["finished"] == 8
-    assert cont["output_tokens"] == static["output_tokens"] == sum(n for *_, n in SEED_STORY)
+    assert cont["output_tokens"] == static["output_tokens"] == sum(STEPS.values())  # (EOS steps count as tokens)
     assert cont["last_finish_step"] < static["last_finish_step"]
     assert cont["slot_utilization"] > static["slot_utilization"]
     # static: the first batch's useful seat-steps are exactly the four replies' lengths
-    first_batch = [s for s in story_traces["static"].steps if s.step <= 498]
+    longest = max(n for *_, n in SEED_STORY[:SEED_STORY_SLOTS])
+    first_batch = [s for s in story_traces["static"].steps if s.step < longest]
     busy = sum(1 for s in first_batch for slot in s.slots if slot and slot["state"] != "held")
-    assert busy == 12 + 499 + 42 + 42
+    assert busy == sum(n for *_, n in SEED_STORY[:SEED_STORY_SLOTS])
     ttft = {rid: m["ttft_steps"] for rid, m in per_request(story_traces["static"]).items()}
-    assert ttft["A"] == 1 and ttft["E"] == 500
+    assert ttft["A"] == 1 and ttft["E"] == longest + 1
 
 
 def test_trace_round_trips_through_json(story_traces, tmp_path):

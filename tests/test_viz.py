@@ -1,6 +1,8 @@
 """The pictures say what the trace says: grid cells, KV blocks, token bars, figures so far, reply text and
 statuses match the records; the card's pictures match the roofline."""
 
+from html import escape
+
 import numpy as np
 import pytest
 import torch
@@ -29,6 +31,7 @@ from viz import (
     kv_blocks_rgb,
     kv_memory,
     memory_split,
+    occupancy,
     occupancy_grid,
     occupancy_labels,
     plot_kv_blocks,
@@ -47,10 +50,10 @@ from viz import (
     tokens_produced,
     users_by_context,
 )
-from viz.colors import CACHED_FREE_BLOCK, HELD, STATE_CODES, STATE_RGB, rgb255
-from viz.html import figures_html, token_budget_html
+from viz.colors import CACHED_FREE_BLOCK, DECODE, HELD, PREFILL, STATE_CODES, STATE_RGB, rgb255
+from viz.html import figures_html, replies_html, token_budget_html
 from viz.occupancy import seat_runs
-from viz.raster import LEFT, TOP, OccupancyRaster
+from viz.raster import TOP, OccupancyRaster
 from viz.replies import RequestStatuses
 
 
@@ -224,7 +227,7 @@ def test_raster_pixels_and_frames_match_the_trace(traces):
     grid = occupancy_grid(trace)
     for seat in range(3):
         for t in range(len(trace.steps)):
-            x = LEFT + (raster.left_px[t] + raster.right_px[t]) // 2
+            x = raster.left + (raster.left_px[t] + raster.right_px[t]) // 2
             y = TOP + seat * raster.row_h + 1  # the top edge of the cell, clear of the label
             if raster.right_px[t] - raster.left_px[t] > 2:
                 assert tuple(picture[y, x]) == tuple(STATE_RGB[grid[seat, t]])
@@ -387,7 +390,7 @@ def test_a_time_axis_leaves_idle_gaps_empty():
     assert gaps, "this crowd never left the engine idle"
     scale = raster.plot_w / raster.axis
     a, b = gaps[0]
-    x = LEFT + int((a + b) / 2 * scale)
+    x = raster.left + int((a + b) / 2 * scale)
     rows = TOP + np.arange(raster.slots) * raster.row_h + 1  # a pixel inside each seat's row
     assert (picture[rows, x] == STATE_RGB[0]).all()  # nobody seated while the engine waits
 
@@ -428,3 +431,46 @@ def test_budget_bar_and_figures_html():
     assert "no token budget" in token_budget_html(TokenSplit(1, 0, 0), budget=None, scale=5)
     html = figures_html([("TTFT p50, steps", "151", "4 still waiting", "tip")])
     assert 'data-figure="TTFT p50, steps">151<' in html and "4 still waiting" in html
+
+
+@pytest.fixture(scope="module")
+def many_seats():
+    """A simulated static run on 40 seats: too many for a row each."""
+    runner = SimulatedRunner(load_spec("qwen3-0.6b"), get_device("h100-sxm"))
+    return run_workload(runner, "azure-conv", "static", knobs=ChatKnobs(requests=90, rate_per_s=1000), slots=40)
+
+
+def test_more_than_24_seats_are_drawn_stacked_by_state(many_seats):
+    """Each step's column keeps its count of seats in each state; working seats sit at the bottom, then stalled,
+    held, empty: the height of the blue is the busy seats. No per-seat names (a row would be a few pixels high)."""
+    grid = occupancy_grid(many_seats)
+    stacked = occupancy.stacked(grid)
+    assert grid.shape[0] > occupancy.SEAT_ROWS and stacked.shape == grid.shape
+    for t in range(grid.shape[1]):
+        assert sorted(stacked[:, t]) == sorted(grid[:, t])
+        rank = occupancy.STACK_ORDER[stacked[:, t]]
+        assert list(rank) == sorted(rank, reverse=True)  # bottom row: the lowest rank (working)
+    busy = (grid == DECODE) | (grid == PREFILL)
+    assert any(0 < busy[:, t].sum() < grid.shape[0] for t in range(grid.shape[1]))
+    raster = OccupancyRaster(many_seats, width=700, axis_seconds=many_seats.steps[-1].time_s, text_px=20)
+    assert raster.stacked and not raster.runs  # no names
+    picture = np.asarray(raster.frame(len(many_seats.steps) - 1))
+    t = int(np.argmax(busy.sum(axis=0)))  # the busiest step: its column's bottom pixel is a working seat's colour
+    x = raster.left + (raster.left_px[t] + raster.right_px[t]) // 2
+    assert tuple(picture[raster.plot_bottom - 1, x]) in {tuple(STATE_RGB[DECODE]), tuple(STATE_RGB[PREFILL])}
+    figure = plot_occupancy(many_seats)
+    assert figure.axes[0].get_ylabel().startswith("seats, by state") and not figure.axes[0].texts
+
+
+def test_chart_lettering_grows_with_text_px(traces):
+    small, large = OccupancyRaster(traces["static"], 700), OccupancyRaster(traces["static"], 700, text_px=24)
+    assert large.left > small.left and large.bottom > small.bottom  # room for the larger names and ticks
+    assert large.frame(3).size[1] > small.frame(3).size[1]
+
+
+def test_the_chat_window_reads_like_a_chat(traces):
+    frame = TracePlayer(traces["static"], 600).frame(len(traces["static"].steps) - 1)
+    chat = replies_html(frame.replies)
+    for reply in frame.replies:
+        assert f'data-request="{reply.id}"' in chat and escape(reply.prompt) in chat
+    assert "done" in chat and "finished (length)" in chat  # the words, and the engine's status in the tooltip

@@ -68,10 +68,11 @@ def plot_memory_split(plan: dict, ax=None) -> Figure:
         users = "the weights alone do not fit"
     ax.set_title(f"{plan['model']} ({plan['dtype']} weights, {plan['kv_dtype']} KV) on {plan['gpu']}: {users}",
                  loc="left", fontsize=11)  # fmt: skip
+    ncol = 5 if ax.figure.get_figwidth() >= 9 else 3  # a narrow figure: the legend in two rows
     if ax.get_subplotspec() is not None and len(ax.figure.axes) == 1:  # a figure of its own: legend under the bar
-        ax.figure.legend(loc="outside lower center", ncol=5, frameon=False, fontsize=9)
+        ax.figure.legend(loc="outside lower center", ncol=ncol, frameon=False, fontsize=9)
     else:
-        ax.legend(loc="upper center", bbox_to_anchor=(0.5, -0.4), ncol=5, frameon=False, fontsize=9)
+        ax.legend(loc="upper center", bbox_to_anchor=(0.5, -0.4), ncol=ncol, frameon=False, fontsize=9)
     return ax.figure
 
 

@@ -101,13 +101,13 @@ def kv_memory_html(kv: dict[str, int], bytes_per_block: float | None = None) -> 
     return bar_block(head, parts, max(kv["total"], 1), f"{swatch(FREE_BLOCK)}{kv['free']:,} free")
 
 
-FIGURE_LABEL = "font-size:0.8em;color:#555;white-space:nowrap;overflow:hidden;text-overflow:ellipsis"
-FIGURE_VALUE = "font-size:1.9em;line-height:1.15"
+FIGURE_LABEL = "font-size:0.8em;color:#555;line-height:1.2;overflow-wrap:anywhere"  # wraps, never cut
+FIGURE_VALUE = "font-size:1.9em;line-height:1.15;white-space:nowrap"
 
 
 def figures_html(figures: list[tuple[str, str, str, str]]) -> str:
     """A row of big numbers, each (label, value, note under it or "", tooltip): like st.metric, but six fit
-    in half a projector's width."""
+    in half a projector's width. A long label wraps onto a second line rather than lose its end."""
     cells = []
     for label, value, note, tip in figures:
         under = f'<div style="font-size:0.75em;color:#555">{escape(note)}</div>' if note else ""
@@ -117,6 +117,21 @@ def figures_html(figures: list[tuple[str, str, str, str]]) -> str:
         )
     grid = f"display:grid;grid-template-columns:repeat({len(cells)}, minmax(0, 1fr));gap:0.6em;margin:0.2em 0 0.6em 0"
     return f'<div style="{grid}">{"".join(cells)}</div>'
+
+
+def headline_html(label: str, parts: list[tuple[str, str]], note: str = "") -> str:
+    """The view's one big number (or two, side by side): `parts` are (what, value) pairs, e.g.
+    [("static", "52%"), ("continuous", "99%")]; `note`: a sentence under them (HTML allowed)."""
+    numbers = " &nbsp;·&nbsp; ".join(
+        f'<span style="white-space:nowrap">{escape(what)} <b data-headline="{escape(what)}" '
+        f'style="font-size:2.2em;line-height:1.1">{escape(value)}</b></span>'
+        for what, value in parts
+    )
+    under = f'<div style="font-size:0.9em;color:#333;margin-top:0.2em">{note}</div>' if note else ""
+    return (
+        f'<div style="border-left:0.35em solid #0072b2;padding:0.2em 0 0.3em 0.7em;margin:0.3em 0 0.6em 0">'
+        f'<div style="font-size:0.95em;color:#333">{escape(label)}</div><div>{numbers}</div>{under}</div>'
+    )
 
 
 def chip(request_id: str, color: str) -> str:
@@ -136,25 +151,44 @@ def queue_html(waiting: list[str], colors: dict[str, str], length: int | None = 
     return f"<div><b>Waiting queue ({length}):</b> {chips}{more}</div>"
 
 
+CHAT_STATUS = {  # a request's status (viz.replies) in the words of a chat window
+    "running": "writing…",
+    "waiting": "waiting for a seat",
+    "preempted": "preempted: back in the queue",
+    "held": "done, but its seat is still held",
+    "finished (eos)": "done",
+    "finished (length)": "cut off at its length limit",
+    "finished (aborted)": "stopped: the user hung up",
+}
+
+
 def status_html(status: str) -> str:
     color = "#2a7d2a" if status.startswith("finished") else STATUS_COLORS.get(status, "#777777")
-    mark = "✓ " if status.startswith("finished") else ""
-    return f'<span style="color:{color};font-weight:600">{mark}{escape(status)}</span>'
+    mark = "✓ " if status == "finished (eos)" else ""
+    words = CHAT_STATUS.get(status, status)
+    return f'<span title="{escape(status)}" style="color:{color};font-weight:600">{mark}{escape(words)}</span>'
+
+
+BUBBLE = "display:inline-block;border-radius:0.8em;padding:0.15em 0.7em;max-width:100%;overflow-wrap:anywhere"
 
 
 def replies_html(replies, not_arrived: int = 0, max_height: int = 380) -> str:
-    """One row per arrived request: who, where it stands, its prompt, and the reply so far."""
+    """A chat window: for each arrived request, the user's prompt in a bubble on the left, the model's reply so far
+    in a bubble on the right, and under it where the request stands (writing, waiting for a seat, done...)."""
     rows = []
     for r in replies:
         text = r.text if len(r.text) <= REPLY_TAIL else "…" + r.text[-REPLY_TAIL:]
         rows.append(
-            f"<tr><td>{chip(r.id, r.color)}</td><td>{status_html(r.status)}</td>"
-            f"<td><code>{escape(r.prompt)}</code></td><td style='font-family:monospace'>{escape(text)}</td></tr>"
+            f'<div data-request="{escape(r.id)}" style="display:grid;grid-template-columns:auto minmax(0,1fr) '
+            f'minmax(0,1.6fr);gap:0.5em;align-items:start;margin:0.25em 0">'
+            f"<div>{chip(r.id, r.color)}</div>"
+            f'<div><span data-prompt style="{BUBBLE};background:#eeeeee">{escape(r.prompt)}</span></div>'
+            f'<div><span data-reply style="{BUBBLE};background:#e3eef8;font-family:monospace;min-width:2em;'
+            f'min-height:1.2em">{escape(text)}</span>'
+            f'<div style="font-size:0.85em">{status_html(r.status)}</div></div></div>'
         )
     more = f"<div style='color:#777'>{not_arrived} more not arrived yet</div>" if not_arrived else ""
     return (
-        f'<div style="max-height:{max_height}px;overflow-y:auto;font-size:0.9em">'
-        "<table style='width:100%'><tr><th>user</th><th>status</th><th>prompt</th><th>reply so far</th></tr>"
-        + "".join(rows)
-        + f"</table>{more}</div>"
+        f'<div style="max-height:{max_height}px;overflow-y:auto;font-size:0.9em" data-chat>'
+        "<div style='font-weight:600'>The users' chat windows</div>" + "".join(rows) + f"{more}</div>"
     )

@@ -74,13 +74,22 @@ def blocks_per_row(trace: Trace) -> int:
     return max(8, min(64, per_seat))
 
 
-def kv_blocks_rgb(trace: Trace, step: int, cell: int = 12, colors: dict[str, str] | None = None) -> np.ndarray:
+def readable_blocks_per_row(trace: Trace) -> int:
+    """For a map on its own (a notebook's figure): a pool of more than 256 blocks (lesson 09's 512) in rows of 32, so
+    its cells stay big enough to tell apart and to hold a reference count; smaller pools one seat's row per row."""
+    total = trace.steps[0].kv_blocks_total if trace.steps else 0
+    return min(32, blocks_per_row(trace)) if total > 256 else blocks_per_row(trace)
+
+
+def kv_blocks_rgb(trace: Trace, step: int, cell: int = 12, colors: dict[str, str] | None = None,
+                  per_row: int | None = None) -> np.ndarray:  # fmt: skip
     """(H, W, 3) uint8 picture of the pool: a cell per block, filled from the left as far as tokens fill it;
-    shared blocks framed in black with their reference count, free blocks with a cached prefix pale green."""
+    shared blocks framed in black with their reference count, free blocks with a cached prefix pale green.
+    per_row: blocks per row of the map (default blocks_per_row)."""
     owners, fill = kv_block_owners(trace, step), np.array(kv_block_fill(trace, step))
     refs = kv_block_refs(trace, step)
     colors = colors or request_colors(trace)
-    cols = blocks_per_row(trace)
+    cols = per_row or blocks_per_row(trace)
     rows = max(1, -(-len(owners) // cols))
     padded = rows * cols  # the last row may be short: pad it with free blocks
     full = np.tile(rgb255(FREE_BLOCK), (padded, 1))
@@ -120,18 +129,28 @@ def _mark_shared(image: np.ndarray, blocks: np.ndarray, counts: np.ndarray, cols
 
 
 def plot_kv_blocks(trace: Trace, step: int, ax=None) -> Figure:
-    """The pool at `step`: coloured by owner, dark part = tokens stored, pale = reserved but empty, grey = free."""
-    image = kv_blocks_rgb(trace, step)
+    """The pool at `step`: coloured by owner, dark part = tokens stored, pale = reserved but empty, grey = free.
+    Rows are labelled with their first block; the legend sits under the map (beside it, it was cut off)."""
+    cols = readable_blocks_per_row(trace)
+    cell = 24  # pixels per block in the picture: the reference counts stay legible when it is scaled down
+    image = kv_blocks_rgb(trace, step, cell, per_row=cols)
+    rows = image.shape[0] // cell
     if ax is None:
-        h, w = image.shape[:2]
-        fig = Figure(figsize=(10, 0.6 + 10 * h / w), layout="constrained")
+        fig = Figure(figsize=(10, 1.2 + 10 * rows / cols), layout="constrained")
         ax = fig.add_subplot()
     ax.imshow(image, interpolation="nearest")
-    ax.set_axis_off()
+    every = max(1, -(-rows // 8))  # at most 8 row labels
+    ax.set_yticks(
+        [(r + 0.5) * cell for r in range(0, rows, every)], [f"block {r * cols}" for r in range(0, rows, every)]
+    )
+    ax.set_xticks([])
+    for side in ax.spines.values():
+        side.set_visible(False)
+    ax.tick_params(left=False, labelsize=9)
     record = trace.steps[step]
     ax.set_title(
         f"KV blocks at step {step}: {record.kv_blocks_used} of {record.kv_blocks_total} in use "
-        f"({trace.config['kv']}, {trace.config['block_size']} tokens per block)",
+        f"({trace.config['kv']}, {trace.config['block_size']} tokens per block, {cols} per row)",
         loc="left",
         fontsize=11,
     )
@@ -142,7 +161,7 @@ def plot_kv_blocks(trace: Trace, step: int, ax=None) -> Figure:
         Patch(color=CACHED_FREE_BLOCK, label="free, cached prefix"),
         Patch(color=FREE_BLOCK, label="free", ec="#bbbbbb"),
     ]
-    ax.legend(handles=legend, loc="upper left", bbox_to_anchor=(1.0, 1.0), frameon=False, fontsize=9)
+    ax.legend(handles=legend, loc="upper left", bbox_to_anchor=(0.0, -0.01), ncol=5, frameon=False, fontsize=9)
     return ax.figure
 
 

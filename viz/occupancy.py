@@ -1,4 +1,10 @@
-"""Who sits in which seat at every step: the picture that shows static batching's idle seats."""
+"""Who sits in which seat at every step: the picture that shows static batching's idle seats.
+
+Up to SEAT_ROWS seats get a row each, labelled with who sits there. More seats (a simulated card has up to
+256) would be rows a pixel high with no room for a name, so they are drawn stacked instead: each step's
+column counts its seats by state, working seats at the bottom, then stalled, held and empty ones, so the
+height of the blue and orange is how many seats are busy at that step.
+"""
 
 from __future__ import annotations
 
@@ -9,6 +15,16 @@ from matplotlib.patches import Patch
 from minillm.engine.trace import Trace
 from viz.colors import DECODE, EMPTY, FUTURE, HELD, PREFILL, STALLED, STATE_COLORS, STATE_NAMES, STATE_RGB
 from viz.seats import seat_grids, seat_table
+
+SEAT_ROWS = 24  # more seats than this are drawn stacked by state, not a row per seat
+STACK_ORDER = np.array([5, 1, 0, 4, 2, 3], dtype=np.int8)  # rank of each state code, bottom first:
+# prefill 1 and decode 0 (working), stalled 2, held 3, empty 4; FUTURE 5, only in the unplayed part, on top
+
+
+def stacked(grid: np.ndarray) -> np.ndarray:
+    """(slots, steps) state codes with each step's column sorted by state: row 0 (the top) holds the empty seats,
+    the last rows the working ones. Same shape and the same counts per column: only the seat order changes."""
+    return np.take_along_axis(grid, np.argsort(-STACK_ORDER[grid], axis=0, kind="stable"), axis=0)
 
 
 def occupancy_grid(trace: Trace, upto: int | None = None) -> np.ndarray:
@@ -49,21 +65,30 @@ def seat_runs(grid: np.ndarray, labels: np.ndarray) -> list[tuple[int, int, int,
 
 
 def plot_occupancy(trace: Trace, upto: int | None = None, ax=None, title: str | None = None) -> Figure:
-    """Seats x steps, coloured by what each seat did; the axes always span the whole run, so it fills as it plays."""
+    """Seats x steps, coloured by what each seat did; the axes always span the whole run, so it fills as it plays.
+    More than SEAT_ROWS seats: each step's seats stacked by state (module docstring)."""
     grid, labels = occupancy_grid(trace), occupancy_labels(trace)
     slots, n = grid.shape
     now = n - 1 if upto is None else min(upto, n - 1)
+    many = slots > SEAT_ROWS
     shown = grid.copy()
     shown[:, now + 1 :] = FUTURE
+    if many:
+        shown = stacked(shown)
     if ax is None:
-        fig = Figure(figsize=(12, 1.3 + 0.45 * min(slots, 16)), layout="constrained")  # 256 seats: thin rows
+        fig = Figure(figsize=(12, 4.2 if many else 1.3 + 0.45 * slots), layout="constrained")
         ax = fig.add_subplot()
     ax.imshow(STATE_RGB[shown], aspect="auto", interpolation="nearest", extent=(-0.5, n - 0.5, slots - 0.5, -0.5))
-    every = -(-slots // 16)  # at most 16 seat names
-    ax.set_yticks(range(0, slots, every), [f"seat {i}" for i in range(0, slots, every)])
+    if many:  # a count of seats, from the bottom
+        ticks = np.linspace(0, slots, 5).round().astype(int)
+        ax.set_yticks(slots - 0.5 - ticks, [str(t) for t in ticks])
+        ax.set_ylabel(f"seats, by state ({slots})")
+    else:
+        every = -(-slots // 16)  # at most 16 seat names
+        ax.set_yticks(range(0, slots, every), [f"seat {i}" for i in range(0, slots, every)])
     ax.set_xlabel("engine step")
     ax.axvline(now + 0.5, color="black", linewidth=2)
-    if slots <= 32:  # thinner rows have no room for names
+    if not many:
         _label_runs(ax, grid[:, : now + 1], labels[:, : now + 1], n)
     shown_states = [c for c in (PREFILL, DECODE, HELD, STALLED) if (grid == c).any()] + [EMPTY]
     handles = [Patch(color=STATE_COLORS[c], label=STATE_NAMES[c]) for c in shown_states]

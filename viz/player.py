@@ -23,7 +23,7 @@ from viz.budget import TokenSplit, bar_scale, token_budget, token_splits
 from viz.colors import STALLED, request_colors
 from viz.kv_blocks import blocks_per_row, kv_block_bytes, kv_block_refs, kv_blocks_rgb, kv_memory
 from viz.progress import RunProgress
-from viz.raster import OccupancyRaster, nice_tick_step, png_bytes
+from viz.raster import TEXT_PX, OccupancyRaster, nice_tick_step, png_bytes
 from viz.replies import RequestStatuses
 from viz.seats import seat_table
 
@@ -55,8 +55,9 @@ class Frame:
 
 class TracePlayer:
     def __init__(self, trace: Trace, width: int = 1100, axis_steps: int | None = None,
-                 axis_seconds: float | None = None):  # fmt: skip
-        """axis_steps / axis_seconds: the span of the occupancy chart's x axis, shared by the runs shown together."""
+                 axis_seconds: float | None = None, text_px: int = TEXT_PX):  # fmt: skip
+        """axis_steps / axis_seconds: the span of the occupancy chart's x axis, shared by the runs shown together;
+        text_px: the chart's lettering (the presenter view's is larger)."""
         if not trace.steps:
             raise ValueError("this trace has no steps to replay (were all its requests rejected?)")
         table = seat_table(trace)
@@ -64,7 +65,7 @@ class TracePlayer:
         self.last_step = len(trace.steps) - 1
         self.simulated = trace.config.get("clock") == "simulated"
         self.colors = request_colors(trace)
-        self.occupancy = OccupancyRaster(trace, width, axis_steps, axis_seconds, table)
+        self.occupancy = OccupancyRaster(trace, width, axis_steps, axis_seconds, table, text_px)
         self.kv_cell = int(np.clip(width // blocks_per_row(trace), 5, 16))
         self.has_block_map = any(s.kv_tables for s in trace.steps)
         self.has_stalled = bool((table.state == STALLED).any())

@@ -16,10 +16,11 @@ from PIL import Image, ImageDraw, ImageFont
 
 from minillm.engine.trace import Trace
 from viz.colors import EMPTY, FUTURE, STATE_RGB
-from viz.occupancy import seat_runs
+from viz.occupancy import SEAT_ROWS, seat_runs, stacked
 from viz.seats import SeatTable, seat_grids, seat_table
 
-LEFT, RIGHT, TOP, BOTTOM, GAP = 64, 12, 4, 24, 2  # margins and the white line between seats, in pixels
+RIGHT, TOP, GAP = 12, 4, 2  # margins and the white line between seats, in pixels
+TEXT_PX = 12  # seat names and ticks; the presenter view asks for more (the left and bottom margins grow with it)
 
 
 @cache
@@ -55,17 +56,24 @@ class OccupancyRaster:
     The x axis counts steps (the tiny model: every run advances a step at a time), or seconds
     (a simulated card: a static step and a continuous one take different times, so two runs are
     compared on one clock, and the gaps while the engine waits for the next arrival show empty).
+    More than SEAT_ROWS seats are drawn stacked by state (occupancy.py), labelled with seat counts.
     """
 
     def __init__(self, trace: Trace, width: int = 1100, axis_steps: int | None = None,
-                 axis_seconds: float | None = None, table: SeatTable | None = None):  # fmt: skip
+                 axis_seconds: float | None = None, table: SeatTable | None = None,
+                 text_px: int = TEXT_PX):  # fmt: skip
         """axis_steps / axis_seconds: what the x axis spans (default: this run's steps); share it to compare runs."""
         states, requests = seat_grids(table or seat_table(trace))
         self.slots, self.n = states.shape
-        self.plot_w = width - LEFT - RIGHT
+        self.stacked = self.slots > SEAT_ROWS
+        if self.stacked:
+            states = stacked(states)
+        self.text_px, self.left, self.bottom = text_px, round(5.4 * text_px), 2 * text_px
+        self.plot_w = width - self.left - RIGHT
         self.row_h = row_height(self.slots)
         gap = GAP if self.row_h >= 8 else 0
-        self.font = font(min(15, self.row_h - 6)) if self.row_h >= 12 else None  # no room for names below that
+        names_fit = self.row_h >= 12 and not self.stacked  # no room for names below that
+        self.font = font(min(text_px + 3, self.row_h - 6)) if names_fit else None
         self.runs = seat_runs(states, requests) if self.font else []
         px = np.arange(self.plot_w)
         if axis_seconds is None:  # pixel -> the step it shows (several steps share a pixel when the run is long)
@@ -93,38 +101,48 @@ class OccupancyRaster:
         rows = np.repeat(rows, self.row_h, axis=0).reshape(self.slots, self.row_h, self.plot_w, 3)
         if gap:
             rows[:, self.row_h - gap :] = 255
-        height = TOP + self.slots * self.row_h + BOTTOM
+        height = TOP + self.slots * self.row_h + self.bottom
         canvas = np.full((height, width, 3), 255, dtype=np.uint8)
         self.plot_bottom = TOP + self.slots * self.row_h
-        canvas[TOP : self.plot_bottom, LEFT : LEFT + self.plot_w] = rows.reshape(-1, self.plot_w, 3)
+        canvas[TOP : self.plot_bottom, self.left : self.left + self.plot_w] = rows.reshape(-1, self.plot_w, 3)
         self.full = canvas
         self.names = [r.id for r in trace.requests]
         self.axes = self._axes_image(height, width, gap)
 
     def _axes_image(self, height: int, width: int, gap: int) -> np.ndarray:
-        """Seat names and ticks (steps or seconds): drawn once, pasted under every frame."""
+        """Seat names (or, stacked, seat counts from the bottom) and ticks (steps or seconds): drawn once, pasted
+        under every frame."""
         image = Image.new("RGB", (width, height), "white")
         draw = ImageDraw.Draw(image)
-        every = max(1, -(-14 // self.row_h))  # seat names at least 14 px apart
-        for seat in range(0, self.slots, every):
-            y = max(7, TOP + seat * self.row_h + (self.row_h - gap) / 2)  # (thin rows: keep the first name in)
-            draw.text((LEFT - 6, y), f"seat {seat}", fill="#333333", font=font(12), anchor="rm")
-        tick = nice_tick_step(self.axis) if self.seconds else max(1, int(nice_tick_step(self.axis)))
+        left, label_font = self.left, font(self.text_px)
+        if self.stacked:
+            for count in np.linspace(0, self.slots, 5).round().astype(int):
+                y = min(max(self.plot_bottom - count * self.row_h, TOP + self.text_px // 2), self.plot_bottom - 4)
+                draw.line([(left - 4, y), (left, y)], fill="#555555")
+                draw.text((left - 6, y), str(count), fill="#333333", font=label_font, anchor="rm")
+        else:
+            every = max(1, -(-(self.text_px + 2) // self.row_h))  # seat names at least a line apart
+            for seat in range(0, self.slots, every):
+                y = max(self.text_px * 0.6, TOP + seat * self.row_h + (self.row_h - gap) / 2)  # (keep the first in)
+                draw.text((left - 6, y), f"seat {seat}", fill="#333333", font=label_font, anchor="rm")
+        max_ticks = int(np.clip(self.plot_w // (5 * self.text_px), 3, 10))  # tick labels that never touch
+        tick = nice_tick_step(self.axis, max_ticks)
+        tick = tick if self.seconds else max(1, int(tick))
         scale = self.plot_w / self.axis
         for value in np.arange(0, self.axis, tick):
-            x = LEFT + int(round(value * scale)) if self.seconds else LEFT + int(np.ceil(value * scale))
+            x = left + int(round(value * scale)) if self.seconds else left + int(np.ceil(value * scale))
             label = f"{value:g} s" if self.seconds else str(int(value))
             draw.line([(x, self.plot_bottom), (x, self.plot_bottom + 4)], fill="#555555")
-            draw.text((x, self.plot_bottom + 5), label, fill="#333333", font=font(11), anchor="mt")
+            draw.text((x, self.plot_bottom + 5), label, fill="#333333", font=font(self.text_px - 1), anchor="mt")
         return np.asarray(image).copy()
 
     def frame(self, upto: int) -> Image.Image:
         """The chart with steps 0..upto filled in, a cursor at upto's end, and one label per visible run."""
         upto = int(np.clip(upto, 0, self.n - 1))
-        cut = LEFT + min(int(self.right_px[upto]), self.plot_w)
+        cut = self.left + min(int(self.right_px[upto]), self.plot_w)
         image = self.axes.copy()
-        image[TOP : self.plot_bottom, LEFT:cut] = self.full[TOP : self.plot_bottom, LEFT:cut]
-        image[TOP : self.plot_bottom, max(LEFT, cut - 1) : cut + 1] = 0  # the "now" cursor
+        image[TOP : self.plot_bottom, self.left : cut] = self.full[TOP : self.plot_bottom, self.left : cut]
+        image[TOP : self.plot_bottom, max(self.left, cut - 1) : cut + 1] = 0  # the "now" cursor
         picture = Image.fromarray(image)
         if not self.runs:
             return picture
@@ -132,7 +150,7 @@ class OccupancyRaster:
         for seat, first, last, index, held in self.runs:
             if first > upto:
                 continue
-            x0, x1 = LEFT + self.left_px[first], LEFT + self.right_px[min(last, upto)]
+            x0, x1 = self.left + self.left_px[first], self.left + self.right_px[min(last, upto)]
             rid = self.names[index]
             options = [f"{rid} done, seat held", rid] if held else [rid]
             text = next((t for t in options if draw.textlength(t, font=self.font) + 6 <= x1 - x0), None)

@@ -14,7 +14,7 @@ generate.py     the one-user loop every batched path must match token for token
 
 from minillm.config import EngineConfig
 from minillm.engine.blocks import BlockAllocator, BlockPoolExhausted
-from minillm.engine.engine import Engine, EngineError
+from minillm.engine.engine import Engine
 from minillm.engine.generate import generate
 from minillm.engine.kv_cache import ContiguousKVCache, PagedKVCache
 from minillm.engine.request import Request, State
@@ -24,12 +24,13 @@ from minillm.engine.scheduler import (
     ContinuousScheduler,
     KVSpace,
     Plan,
+    PlanError,
     Scheduler,
     StaticScheduler,
 )
 from minillm.engine.trace import RequestRecord, StepRecord, Trace
 
 __all__ = ["DEFAULT_TOKEN_BUDGET", "SCHEDULERS", "BlockAllocator", "BlockPoolExhausted", "ContiguousKVCache",
-           "ContinuousScheduler", "Engine", "EngineConfig", "EngineError", "KVSpace", "PagedKVCache", "Plan",
+           "ContinuousScheduler", "Engine", "EngineConfig", "PlanError", "KVSpace", "PagedKVCache", "Plan",
            "Request", "RequestRecord", "Scheduler", "State", "StaticScheduler", "StepRecord", "Trace",
            "generate"]  # fmt: skip

@@ -9,10 +9,9 @@ Every step:
                  blocks of its prompt's start that are already cached)
   5. run       - every seated request with tokens to run is one row of ONE forward: decode rows
                  run 1 token, prompts a chunk or the whole prompt (packing.py, runner.py)
-  6. finish    - rows that reached the end of their sequence got a token; EOS or length ends a
-                 request and frees its KV at once; its seat is free for the next step (or held
-                 idle, under a policy that holds seats)
-  7. record    - a StepRecord for the trace
+  6. finish    - rows that reached the end of their sequence got a token; EOS or length ends a request
+  7. record    - a StepRecord for the trace (the KV memory as this step's forward used it)
+  8. release   - finished requests free their KV and their seats (held idle under a policy that holds them)
 
 The engine never knows what runs the forward: the real model (runner.ModelRunner) or a
 simulated card on a virtual clock (simulate.py). Both give it next tokens and a clock.
@@ -29,16 +28,12 @@ from minillm.config import EngineConfig
 from minillm.engine.packing import pack
 from minillm.engine.request import Request, State
 from minillm.engine.runner import ModelRunner
-from minillm.engine.scheduler import Plan, Scheduler
+from minillm.engine.scheduler import Scheduler, check_plan, check_plan_tokens
 from minillm.engine.trace import StepRecord, Trace, request_record
 from minillm.errors import InputError
 from minillm.model.tokenizer import EOS
 
 WAITING_RECORDED = 100  # ids of the queue's head recorded per step (the length is always recorded)
-
-
-class EngineError(RuntimeError):
-    """A scheduler returned a plan the engine cannot carry out (a bug in the policy)."""
 
 
 class Engine:
@@ -134,18 +129,16 @@ class Engine:
         for request in [r for r in self.running() if self.cfg.prefix_caching and not r.is_decoding]:
             self._claim(request)  # a prompt at a block boundary goes on with blocks cached since its last chunk
         plan = self.scheduler.schedule(list(self.waiting), list(self.seats), self.cache)
-        self._check(plan)
+        check_plan(plan, self.waiting, self.seats, self.scheduler.holds_finished_seats)
         for victim in plan.preempt:
             self._preempt(victim)
-        if plan.admit and self.scheduler.holds_finished_seats:
-            for seat, r in enumerate(self.seats):  # a new batch replaces the finished one
-                if r is not None and r.is_finished:
-                    self.seats[seat] = None
+        if plan.admit and self.scheduler.holds_finished_seats:  # a new batch replaces the finished one
+            self.seats[:] = [None if r is not None and r.is_finished else r for r in self.seats]
         for request in plan.admit:
             self._admit(request)
         running = self.running()
         tokens = plan.tokens if plan.tokens is not None else {r.id: r.num_pending for r in running}
-        self._check_tokens(tokens, running)
+        check_plan_tokens(tokens, running)
         rows = [(r, tokens[r.id]) for r in running if tokens.get(r.id, 0) > 0]
         kinds = {r.id: "decode" if r.is_decoding else "prefill" for r, _ in rows}
         held = sum(1 for r in self.seats if r is not None and r.is_finished)  # computed anyway: a fixed-shape batch
@@ -156,6 +149,8 @@ class Engine:
         finished = [r for r, token in zip(batch.sampled, produced) if self._accept(r, token)]
         made = {r.id for r in batch.sampled}
         record = self._record(plan, rows, kinds, made, finished, batch.padding_rows, begin)
+        for request in finished:  # after the record: a reply's last step still shows the KV it ran on
+            self._release(request)
         if self.cfg.debug and hasattr(getattr(self.cache, "allocator", None), "check"):  # the KV books, every step
             self.cache.allocator.check()
         self.step_no += 1
@@ -168,26 +163,6 @@ class Engine:
         """Nothing to run and the next arrival is a time in the future: let the clock run to it."""
         if not self.waiting and not self.running() and self.pending and self.pending[0].arrival_s is not None:
             self.clock.wait_until(self.pending[0].arrival_s)
-
-    def _check(self, plan: Plan) -> None:
-        waiting_ids, running = {r.id for r in self.waiting}, self.running()
-        if any(r.id not in waiting_ids for r in plan.admit):
-            raise EngineError("the scheduler admitted a request that is not waiting")
-        if len({r.id for r in plan.admit}) < len(plan.admit):
-            raise EngineError("the scheduler admitted the same request twice")
-        if any(r not in running for r in plan.preempt):
-            raise EngineError("the scheduler preempted a request that is not running")
-        free = sum(s is None or (s.is_finished and self.scheduler.holds_finished_seats) for s in self.seats)
-        if len(plan.admit) > free + len(plan.preempt):
-            raise EngineError(f"the scheduler admitted {len(plan.admit)} requests into {free} free seats")
-
-    def _check_tokens(self, tokens: dict[str, int], running: list[Request]) -> None:
-        pending = {r.id: r.num_pending for r in running}
-        for rid, n in tokens.items():
-            if rid not in pending:
-                raise EngineError(f"the plan gives tokens to {rid!r}, which is not running")
-            if not isinstance(n, int) or not 0 <= n <= pending[rid]:
-                raise EngineError(f"the plan gives {rid!r} {n!r} tokens; it has {pending[rid]} to run")
 
     def _preempt(self, request: Request) -> None:
         self.cache.free(request.seat)
@@ -221,7 +196,7 @@ class Engine:
             self.cache.commit(request.seat, request.tokens[: request.num_computed])
 
     def _accept(self, request: Request, token: int) -> bool:
-        """Append the new token; finish the request (freeing its KV) on EOS or length. True if it finished."""
+        """Append the new token; finish the request on EOS or length (step() frees its KV). True if it finished."""
         now = self.clock.now()
         if request.first_token_step is None:
             request.first_token_step, request.first_token_s = self.step_no, now
@@ -235,15 +210,18 @@ class Engine:
         request.state, request.finish_reason = State.FINISHED, reason
         request.finish_step, request.finish_s = self.step_no, now
         self.live.pop(request.id, None)
+        return True
+
+    def _release(self, request: Request) -> None:
+        """A finished request gives back its KV memory, and its seat unless the policy holds it."""
         self.cache.free(request.seat)
         if not self.scheduler.holds_finished_seats:
             self.seats[request.seat] = None
-        return True
 
     # --- recording -------------------------------------------------------------------------------
     def _record(self, plan, rows, kinds, made: set[str], finished, padding: int, begin: float) -> StepRecord:
         ran = {r.id: n for r, n in rows}
-        occupants = {r.seat: r for r in finished} | {s: r for s, r in enumerate(self.seats) if r is not None}
+        occupants = {s: r for s, r in enumerate(self.seats) if r is not None}
         seats = []
         for seat in sorted(occupants):
             r = occupants[seat]
@@ -251,7 +229,7 @@ class Engine:
                 seats.append([seat, r.id, kinds[r.id], ran[r.id], int(r.id in made)])
             else:
                 seats.append([seat, r.id, "held" if r.is_finished else "stalled", 0, 0])
-        live = {r.seat: r for r in self.running()}
+        live = {r.seat: r for r in self.running() + finished}  # (finished this step: their KV is not freed yet)
         now = self.clock.now()
         record = StepRecord(
             step=self.step_no,

@@ -55,11 +55,38 @@ class Plan:
     tokens: dict[str, int] | None = None  # request id -> tokens it runs this step; None: all it has pending
 
 
+class PlanError(RuntimeError):
+    """A scheduler returned a plan the engine cannot carry out (a bug in the policy, caught before it does harm)."""
+
+
 class Scheduler(Protocol):
     name: str
     holds_finished_seats: bool  # True: a finished request keeps its seat (idle) until the engine is told otherwise
 
     def schedule(self, waiting: list[Request], seats: list[Request | None], kv: KVSpace) -> Plan: ...
+
+
+def check_plan(plan: Plan, waiting, seats: list[Request | None], holds_finished_seats: bool) -> None:
+    """The engine carries out only a plan that makes sense: admit the waiting, preempt the running, fill free seats."""
+    waiting_ids, running = {r.id for r in waiting}, [r for r in seats if r is not None and not r.is_finished]
+    if any(r.id not in waiting_ids for r in plan.admit):
+        raise PlanError("the scheduler admitted a request that is not waiting")
+    if len({r.id for r in plan.admit}) < len(plan.admit):
+        raise PlanError("the scheduler admitted the same request twice")
+    if any(r not in running for r in plan.preempt):
+        raise PlanError("the scheduler preempted a request that is not running")
+    free = sum(s is None or (s.is_finished and holds_finished_seats) for s in seats)
+    if len(plan.admit) > free + len(plan.preempt):
+        raise PlanError(f"the scheduler admitted {len(plan.admit)} requests into {free} free seats")
+
+
+def check_plan_tokens(tokens: dict[str, int], running: list[Request]) -> None:  # 0 <= tokens <= what is pending
+    pending = {r.id: r.num_pending for r in running}
+    for rid, n in tokens.items():
+        if rid not in pending:
+            raise PlanError(f"the plan gives tokens to {rid!r}, which is not running")
+        if not isinstance(n, int) or not 0 <= n <= pending[rid]:
+            raise PlanError(f"the plan gives {rid!r} {n!r} tokens; it has {pending[rid]} to run")
 
 
 def check_budget(token_budget: int | None) -> int | None:

@@ -11,7 +11,14 @@ from minillm.model.transformer import Transformer
 from minillm.runs.workload import SEED_STORY_SLOTS, ChatKnobs, make_workload
 
 
-def run_workload(
+def run_workload(model: Transformer | SimulatedRunner, workload: str = "seed-story", *args, progress: bool = False,
+                 **kwargs) -> Trace:  # fmt: skip
+    """Build the workload, submit it all, run the engine until every request is done; return the trace.
+    The arguments are workload_engine's."""
+    return workload_engine(model, workload, *args, **kwargs).run(progress=progress)
+
+
+def workload_engine(
     model: Transformer | SimulatedRunner,
     workload: str = "seed-story",
     scheduler: str | Scheduler = "continuous",
@@ -21,11 +28,11 @@ def run_workload(
     block_size: int = 16,
     knobs: ChatKnobs | None = None,
     seed: int = 0,
-    progress: bool = False,
     token_budget: int | None = None,
     prefix_caching: bool = False,
-) -> Trace:
-    """Build the workload, submit it all, run the engine until every request is done; return the trace.
+) -> Engine:
+    """The engine with the workload submitted, ready to run (run_workload runs it; the app's what-if view steps it
+    itself, to stop a long simulation early).
 
     `model` is the tiny model, or a SimulatedRunner (a real model on a simulated card).
     `scheduler` is a name ("static", "continuous") or any object with the Scheduler protocol,
@@ -52,4 +59,4 @@ def run_workload(
     engine = Engine(model, policy, cfg, meta=meta)
     for request in requests:
         engine.submit(request)
-    return engine.run(progress=progress)
+    return engine

@@ -1,6 +1,6 @@
 """Named, seeded workloads: who asks what, and when.
 
-  seed-story     the lessons' eight users on four seats, with fixed reply lengths
+  seed-story     the lessons' eight users on four seats, each reply ending at the model's EOS
   chat           N users arriving at random (Poisson), reply lengths with a long tail
   bursty         users arriving in bursts, with quiet gaps between
   system-prompt  a chat crowd whose users share one of a few long system prompts (prefix caching's case)
@@ -23,6 +23,7 @@ picked so that its correct reply has about the drawn length, and the model decid
 from __future__ import annotations
 
 import bisect
+import functools
 import random
 from dataclasses import dataclass
 
@@ -31,19 +32,20 @@ from minillm.errors import ConfigError
 from minillm.model.tokenizer import BOS, SEP, encode_prompt
 from minillm.training import tasks
 
-# (id, prompt, reply length) - the story: A leaves after step 11 and E takes its seat at 12;
-# C and D leave after step 41 and F and G join at 42; B leaves after step 498 and H joins.
-# Static batching makes E..H wait for B. Each prompt's true reply is at least as long as
-# its fixed length, so the text on screen is real model output, cut off by the length limit.
+# (id, prompt, reply length in tokens, its EOS included: the steps its user decodes). Every prompt is one the
+# shipped model answers exactly, and every reply ends at the model's own EOS (tests/test_shipped_model.py).
+# The story on four seats: A leaves after step 11 and E takes its seat at 12; D leaves after 17 (F at 18), C
+# after 41 (G at 42); B, the one long reply, runs to step 499 and H joins at 500. Static batching holds A's,
+# C's and D's seats idle until B is done, while E..H wait in the queue.
 SEED_STORY = [
-    ("A", "count down from 7", 12),
-    ("B", "count down from 152", 499),
-    ("C", "count down from 20", 42),
-    ("D", "count down from 18", 42),
-    ("E", "count down from 151", 495),
-    ("F", "count down from 150", 470),
-    ("G", "count down from 146", 465),
-    ("H", "count down from 16", 35),
+    ("A", "count down from 6", 12),
+    ("B", "count down from 152", 500),
+    ("C", "count down from 17", 42),
+    ("D", "spell 2024", 18),
+    ("E", "count down from 151", 496),
+    ("F", "count down from 149", 488),
+    ("G", "count down from 146", 476),
+    ("H", "spell 4096", 19),
 ]
 SEED_STORY_SLOTS = 4
 MAX_REPLY = 500  # longest reply a chat workload asks for ("count down from 152": 499 tokens + EOS)
@@ -73,19 +75,34 @@ ALL_WORKLOADS = WORKLOADS + SIMULATED_WORKLOADS
 
 
 def seed_story() -> list[Request]:
+    """The story's requests. max_new_tokens is the reply's length with its EOS, so the cap never cuts a right
+    answer (the EOS comes first) and any model takes the same steps: a random one just ends by length."""
     return [
-        Request(id=rid, prompt_ids=encode_prompt(text), max_new_tokens=n, ignore_eos=True, prompt=text,
-                planned_reply=n)
+        Request(id=rid, prompt_ids=encode_prompt(text), max_new_tokens=n, prompt=text, planned_reply=n - 1)
         for rid, text, n in SEED_STORY
-    ]  # fmt: skip
+    ]
+
+
+@functools.cache
+def countdown_lengths() -> tuple[int, ...]:
+    """Tokens of each countdown's reply with its EOS: "count down from N" is entry N - 1."""
+    return tuple(len(tasks.solve(f"count down from {k}")) + 1 for k in range(1, tasks.MAX_COUNT + 1))
+
+
+@functools.cache
+def countdown_for_length(length: int, longest_countdown: int = tasks.MAX_COUNT) -> int:
+    """The N whose "count down from N" reply (plus EOS) is closest to `length` tokens (the smallest such N)."""
+    lengths = countdown_lengths()
+    return 1 + min(range(longest_countdown), key=lambda i: abs(lengths[i] - length))
+
+
+longest_countdown_after = functools.cache(tasks.longest_countdown)  # the same few preambles, over and over
 
 
 def prompt_with_reply_length(length: int, rng: random.Random, longest_countdown: int = tasks.MAX_COUNT) -> str:
     """A task prompt whose correct reply (plus EOS) is about `length` tokens."""
     if length > 40:  # counting down makes the long replies (and the shipped model stops those reliably)
-        starts = range(1, longest_countdown + 1)
-        n = min(starts, key=lambda k: abs(len(tasks.solve(f"count down from {k}")) + 1 - length))
-        return f"count down from {n}"
+        return f"count down from {countdown_for_length(length, longest_countdown)}"
     candidates = [tasks.TASKS[rng.choice(list(tasks.TASKS))](rng)[0] for _ in range(24)]
     return min(candidates, key=lambda p: abs(len(tasks.solve(p)) + 1 - length))
 
@@ -129,7 +146,7 @@ def poisson_arrivals(n: int, rate: float, rng: random.Random) -> list[float]:
 
 def _chat_request(rid: str, rng: random.Random, knobs: ChatKnobs, preamble: str | None = None) -> Request:
     length = draw_reply_length(rng, knobs.mean_reply, knobs.spread)
-    prompt = prompt_with_reply_length(length, rng, tasks.longest_countdown(preamble) if preamble else tasks.MAX_COUNT)
+    prompt = prompt_with_reply_length(length, rng, longest_countdown_after(preamble) if preamble else tasks.MAX_COUNT)
     budget = length if knobs.force_lengths else MAX_REPLY + 100  # real EOS: a generous safety cap
     if preamble:
         budget = min(budget, tasks.CONTEXT - len(encode_prompt(prompt, preamble)) - 1)

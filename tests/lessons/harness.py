@@ -27,10 +27,10 @@ import pytest
 
 from minillm.config import EngineConfig
 from minillm.engine.blocks import BlockPoolExhausted
-from minillm.engine.engine import Engine, EngineError
+from minillm.engine.engine import Engine
 from minillm.engine.generate import generate
 from minillm.engine.request import Request
-from minillm.engine.scheduler import Plan
+from minillm.engine.scheduler import Plan, PlanError
 from minillm.model.transformer import Transformer
 
 EXERCISES = os.environ.get("MINILLM_EXERCISES", "lessons.exercises")
@@ -183,7 +183,7 @@ def serve(model, scheduler, requests, max_steps: int = 2000, **cfg) -> Engine:
         engine.submit(r)
     try:
         engine.run(max_steps=max_steps)
-    except EngineError as e:
+    except PlanError as e:
         raise AssertionError(f"step {engine.step_no}: the engine refused your plan: {e}") from None
     except BlockPoolExhausted as e:
         raise AssertionError(
@@ -339,12 +339,14 @@ def first_difference(expected: list, got: list) -> str:
     return "no difference"
 
 
-def run_seed_story(scheduler, judge, steps: int = 500) -> dict[str, Request]:
-    """The lessons' eight users on four seats (fixed reply lengths), for `steps` steps: enough to see H join."""
+def run_seed_story(scheduler, judge, steps: int | None = None) -> dict[str, Request]:
+    """The lessons' eight users on four seats, for `steps` steps (default: the longest reply's, plus one: enough
+    to see the last user join under either policy)."""
     from lessons.fairness import stand_in_model
-    from minillm.runs.workload import SEED_STORY_SLOTS, seed_story
+    from minillm.runs.workload import SEED_STORY, SEED_STORY_SLOTS, seed_story
 
-    model = stand_in_model(1024)  # no computation: ignore_eos fixes every reply's length, so any model works
+    steps = steps or max(n for *_, n in SEED_STORY) + 1
+    model = stand_in_model(1024)  # no computation: it never says EOS, and each story reply's cap is its length
     requests = seed_story()
     engine = Engine(model, Referee(scheduler, judge), EngineConfig(slots=SEED_STORY_SLOTS, max_len=1024))
     for r in requests:
@@ -352,7 +354,7 @@ def run_seed_story(scheduler, judge, steps: int = 500) -> dict[str, Request]:
     try:
         while engine.has_work() and engine.step_no < steps:
             engine.step()
-    except EngineError as e:
+    except PlanError as e:
         raise AssertionError(f"seed story, step {engine.step_no}: the engine refused your plan: {e}") from None
     return {r.id: r for r in requests}
 

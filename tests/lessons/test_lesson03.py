@@ -11,6 +11,7 @@ import pytest
 
 from minillm.engine.request import Request
 from minillm.engine.scheduler import KVSpace, Plan, StaticScheduler
+from minillm.runs.workload import SEED_STORY, SEED_STORY_SLOTS
 from tests.lessons.harness import (
     CHECKS,
     Decision,
@@ -83,9 +84,13 @@ def check_memory(scheduler_cls) -> None:
 
 def check_seed_story(scheduler_cls) -> None:
     story = run_seed_story(scheduler_cls(), judge_static)
-    first = "the first batch: four users, four free seats"
-    late = "B, the longest of the first batch, finished at step 498; only then may the next batch start"
-    expected = dict(A=0, B=0, C=0, D=0, E=499, F=499, G=499, H=499)
+    batch = SEED_STORY[:SEED_STORY_SLOTS]  # the story's first users fill the seats; the rest board together
+    longest, steps = max(((rid, n) for rid, _, n in batch), key=lambda x: x[1])
+    first = f"the first batch: {len(batch)} users, {SEED_STORY_SLOTS} free seats"
+    late = (
+        f"{longest}, the longest of the first batch, finished at step {steps - 1}; only then may the next batch start"
+    )
+    expected = {rid: 0 if i < SEED_STORY_SLOTS else steps for i, (rid, _, _) in enumerate(SEED_STORY)}
     assert_admitted_at(story, expected, {rid: first if step == 0 else late for rid, step in expected.items()})
 
 

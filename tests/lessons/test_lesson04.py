@@ -14,6 +14,7 @@ import pytest
 
 from minillm.engine.request import Request
 from minillm.engine.scheduler import ContinuousScheduler, KVSpace, Plan
+from minillm.runs.workload import SEED_STORY, SEED_STORY_SLOTS
 from tests.lessons.harness import (
     CHECKS,
     Decision,
@@ -103,11 +104,17 @@ def check_two_victims(scheduler_cls) -> Referee:
 
 
 def check_seed_story(scheduler_cls) -> None:
+    """Worked out on paper from the story's reply lengths: the head of the queue takes a seat the step after
+    its user's reply ends (every reply here takes one step per token, its EOS included)."""
     story = run_seed_story(scheduler_cls(), judge_continuous)
-    why = dict.fromkeys("ABCD", "four users, four free seats")
-    why |= dict(E="A finished at step 11: its seat is free at 12", H="B finished at step 498")
-    why |= dict.fromkeys("FG", "C and D finished at step 41")
-    assert_admitted_at(story, dict(A=0, B=0, C=0, D=0, E=12, F=42, G=42, H=499), why)
+    free_at, leaving, expected, why = [0] * SEED_STORY_SLOTS, [None] * SEED_STORY_SLOTS, {}, {}
+    for rid, _, steps in SEED_STORY:
+        seat = min(range(SEED_STORY_SLOTS), key=lambda s: free_at[s])
+        expected[rid] = free_at[seat]
+        why[rid] = "a free seat at step 0" if leaving[seat] is None else (
+            f"{leaving[seat]} finished at step {free_at[seat] - 1}: its seat is free at {free_at[seat]}")  # fmt: skip
+        free_at[seat], leaving[seat] = free_at[seat] + steps, rid
+    assert_admitted_at(story, expected, why)
 
 
 def check_all(scheduler_cls) -> None:

@@ -19,9 +19,11 @@ import streamlit as st
 
 from minillm.engine.trace import Trace
 from minillm.runs import trace_file
+from viz.app import presenter
 from viz.app.playback import show_png
 from viz.html import (
     figures_html,
+    headline_html,
     kv_legend,
     kv_memory_html,
     occupancy_legend,
@@ -163,8 +165,9 @@ def disconnect() -> None:
 
 
 def sidebar() -> None:
-    bar = st.sidebar
-    bar.header("Live server")
+    bar = presenter.settings("live server: URL, connect")
+    if bar is st.sidebar:
+        bar.header("Live server")
     st.session_state.setdefault("live_url", DEFAULT_URL)
     bar.text_input("server URL", key="live_url", persist_state="page", on_change=connect,
                    help="where `python -m minillm serve` listens (its --host and --port)")  # fmt: skip
@@ -215,7 +218,12 @@ def draw(live: LiveFeed, interval_ms: float | None) -> None:
     if interval_ms is not None:
         timing += f", a frame every {interval_ms:.0f} ms"
     st.caption(f"{state} · the last {player.last_step + 1} steps ({first:,} to {last:,}) · {timing}")
-    st.markdown(figures(player, window_figures(trace)), unsafe_allow_html=True)
+    f = window_figures(trace)
+    if presenter.on():  # the room's one number: how much the server makes, and how full it is
+        rate = "–" if f["tokens_per_s"] is None else f"{f['tokens_per_s']:,.0f}"
+        parts = [("tokens/s", rate), ("seats busy", f"{f['busy_now']} of {config['slots']}")]
+        st.markdown(headline_html(f"The server, over the last {f['span_s']:.1f} s", parts), unsafe_allow_html=True)
+    st.markdown(figures(player, f), unsafe_allow_html=True)
     st.markdown(occupancy_legend(player.has_stalled), unsafe_allow_html=True)
     show_png(frame.occupancy_png, f"who sits in each seat, steps {first} to {last}")
     st.markdown(token_budget_html(frame.tokens, player.budget, player.bar_tokens), unsafe_allow_html=True)

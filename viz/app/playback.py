@@ -13,8 +13,10 @@ import time
 
 import streamlit as st
 
+from viz.app import presenter
 from viz.html import (
     figures_html,
+    headline_html,
     kv_legend,
     kv_memory_html,
     occupancy_legend,
@@ -24,7 +26,8 @@ from viz.html import (
 )
 from viz.player import Timeline, TracePlayer, decimals
 
-SPEEDS = [1, 2, 5, 10, 20, 50, 100]  # positions (steps, or ticks of the simulated clock) per second of playback
+SPEEDS = [1, 2, 5, 10, 20, 50, 100]
+# positions (steps, or ticks of the simulated clock) per second of playback
 FRAME_S = 0.2  # the shortest time between two frames
 
 
@@ -80,16 +83,18 @@ class Transport:
 def controls(transport: Transport, timeline: Timeline) -> None:
     """Transport buttons (keyboard: Home, ←, Space, →), speed, and the position slider."""
     last, key = timeline.last, transport.key
-    row = st.columns([1.4, 1.4, 2.2, 1.4, 2.2, 9], vertical_alignment="center")
+    widths = [1, 1, 1.9, 1, 2.8, 8] if presenter.on() else [1.4, 1.4, 2.2, 1.4, 2.2, 9]  # (large type: wider boxes)
+    row = st.columns(widths, vertical_alignment="center")
     icon = lambda name: f":material/{name}:"
     row[0].button("", icon=icon("skip_previous"), key=key("restart"), on_click=transport.go_to, args=(0,),
-                  shortcut="Home")  # fmt: skip
+                  shortcut="Home", help="to the start (Home)")  # fmt: skip
     row[1].button("", icon=icon("chevron_left"), key=key("back"), on_click=transport.shift, args=(-1, last),
-                  shortcut="Left")  # fmt: skip
+                  shortcut="Left", help="a step back (←)")  # fmt: skip
     label, symbol = ("pause", "pause") if transport.playing else ("play", "play_arrow")
-    row[2].button(label, icon=icon(symbol), key=key("play"), on_click=transport.toggle, args=(last,), shortcut="Space")
+    row[2].button(label, icon=icon(symbol), key=key("play"), on_click=transport.toggle, args=(last,), shortcut="Space",
+                  help="play or pause (Space)")  # fmt: skip
     row[3].button("", icon=icon("chevron_right"), key=key("forward"), on_click=transport.shift, args=(1, last),
-                  shortcut="Right")  # fmt: skip
+                  shortcut="Right", help="a step forward (→)")  # fmt: skip
     row[4].selectbox("speed", SPEEDS, key=key("speed"), format_func=timeline.speed_label, label_visibility="collapsed")
     if last == 0:
         return
@@ -154,8 +159,12 @@ def panel(title: str, player: TracePlayer, step: int) -> None:
         when = f"{player.end_s:.1f} s" if player.simulated else f"step {player.last_step}"
         done = f" (finished at {when})"
     st.subheader(f"{title}{done}")
+    chart = f"who sits in each seat, up to step {frame.step}"
+    if presenter.on():  # the chart first: it is what the room looks at
+        show_png(frame.occupancy_png, chart)
     st.markdown(figures(player, frame.metrics), unsafe_allow_html=True)
-    show_png(frame.occupancy_png, f"who sits in each seat, up to step {frame.step}")
+    if not presenter.on():
+        show_png(frame.occupancy_png, chart)
     st.markdown(token_budget_html(frame.tokens, player.budget, player.bar_tokens), unsafe_allow_html=True)
     st.markdown(queue_html(frame.waiting, player.colors, frame.metrics["queue_length"]), unsafe_allow_html=True)
     config = player.trace.config
@@ -180,6 +189,21 @@ def panel(title: str, player: TracePlayer, step: int) -> None:
             f"**Requests**: {m['finished']} finished, {m['running']} running, {m['queue_length']} waiting, "
             f"{frame.not_arrived} not arrived yet" + (f", {rejected} rejected" if rejected else "")
         )
+
+
+def seats_busy_headline(players: list[tuple[str, TracePlayer]], note: str = "") -> None:
+    """The one big number of a side-by-side view: seats busy over the whole run, each policy; under it `note`,
+    and when each run's last request finished."""
+    if len(players) != 2:
+        return
+    parts = [(title.removesuffix(" batching"), f"{p.summary['slot_utilization']:.0%}") for title, p in players]
+    ends = [p.end_s if p.simulated else p.summary["last_finish_step"] for _, p in players]
+    if None not in ends:
+        unit = (lambda v: f"{v:,.1f} s") if players[0][1].simulated else (lambda v: f"step {v:,}")
+        done = ", ".join(f"{part[0]} {unit(end)}" for part, end in zip(parts, ends))
+        note = f"{note} Last request done: {done}.".strip()
+    label = "Seats busy over the whole run (same requests and seats: only the scheduler differs)"
+    st.markdown(headline_html(label, parts, note), unsafe_allow_html=True)
 
 
 def play(players: list[tuple[str, TracePlayer]], transport: Transport, headline=None) -> None:

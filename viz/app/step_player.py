@@ -19,10 +19,12 @@ from minillm.engine.trace import Trace
 from minillm.errors import MinillmError
 from minillm.model.checkpoint import load_model
 from minillm.runs import trace_file
+from minillm.runs.metrics import busy_seats, utilization_now
 from minillm.runs.run import run_workload
 from minillm.runs.workload import SEED_STORY_SLOTS, WORKLOADS, ChatKnobs
 from viz import plot_occupancy
-from viz.app.playback import Transport, play
+from viz.app import presenter
+from viz.app.playback import Transport, play, seats_busy_headline
 from viz.player import TracePlayer
 
 MY_SCHEDULER_FILE = Path(__file__).parent.parent / "lessons" / "exercises" / "lesson04_continuous.py"
@@ -88,8 +90,8 @@ def cached_trace(scheduler: str, source: str, device: str, settings: str) -> Tra
 
 
 @st.cache_resource(max_entries=8, show_spinner=False)
-def cached_player(_trace: Trace, run_key: str, width: int, axis_steps: int) -> TracePlayer:
-    return TracePlayer(_trace, width, axis_steps)
+def cached_player(_trace: Trace, run_key: str, width: int, axis_steps: int, text_px: int) -> TracePlayer:
+    return TracePlayer(_trace, width, axis_steps, text_px=text_px)
 
 
 def trace_for(scheduler: str, settings: dict, device: str) -> tuple[Trace, str]:
@@ -121,11 +123,18 @@ def load_uploaded_trace(data: bytes) -> Trace | str:
         return f"invalid minillm trace: {type(e).__name__}: {e}"
 
 
-# --- the sidebar --------------------------------------------------------------------------------
-def sidebar() -> tuple[dict, str, str]:
+# --- the settings (the sidebar; in the presenter view, an expander) ------------------------------------------------
+def heading(bar, text: str) -> None:
+    if bar is st.sidebar:
+        bar.header(text)
+    else:
+        bar.markdown(f"**{text}**")
+
+
+def sidebar(where=None) -> tuple[dict, str, str]:
     """Settings of the run (the cache key), the device and which schedulers to show."""
-    bar = st.sidebar
-    bar.header("Workload")
+    bar = presenter.settings("settings: workload, seats, KV, schedulers", where)
+    heading(bar, "Workload")
     workload = bar.selectbox("workload", WORKLOADS, key="workload", help=WORKLOAD_HELP)
     knobs, seed = None, 0
     if workload != "seed-story":
@@ -136,7 +145,7 @@ def sidebar() -> tuple[dict, str, str]:
             "spread": bar.slider("reply-length spread", 0.0, 1.0, 1.0, key="spread", help="0: all equal; 1: long tail"),
         }
         seed = bar.number_input("seed", 0, 10_000, 0, key="seed")
-    bar.header("Engine")
+    heading(bar, "Engine")
     story = workload == "seed-story"
     slots = bar.slider("seats", 1, 16, SEED_STORY_SLOTS if story else 8, key=f"slots-{story}")
     budget = bar.select_slider(
@@ -153,7 +162,7 @@ def sidebar() -> tuple[dict, str, str]:
                             help="requests whose prompts start alike share those KV blocks")  # fmt: skip
     devices = ["cpu", "cuda"] if torch.cuda.is_available() else ["cpu"]
     device = bar.radio("device", devices, horizontal=True, key="device") if len(devices) > 1 else "cpu"
-    bar.header("View")
+    heading(bar, "View")
     schedule = bar.radio("scheduler", list(SCHEDULES), key="schedule")
     settings = {"workload": workload, "knobs": knobs, "seed": int(seed), "slots": slots, "kv": kv}
     settings |= {"block_size": block_size, "num_blocks": int(num_blocks) if num_blocks else None}
@@ -166,10 +175,10 @@ def remember_upload() -> None:
     st.session_state.upload_bytes = upload.getvalue() if upload is not None else None
 
 
-def exports(players: list[tuple[str, TracePlayer]]) -> None:
+def exports(players: list[tuple[str, TracePlayer]], where=None) -> None:
     """Downloads are built only when clicked, and clicking does not rerun the app."""
-    bar = st.sidebar
-    bar.header("Save / load a trace")
+    bar = presenter.settings("save or load a trace", where)
+    heading(bar, "Save / load a trace")
     for title, player in players:
         trace, name = player.trace, f"minillm-{player.trace.config['workload']}-{title.replace(' ', '-')}"
         bar.download_button(
@@ -196,19 +205,32 @@ def figure_png(fig) -> bytes:
 
 
 # --- the view -------------------------------------------------------------------------------------
-def comparison(players: list[tuple[str, TracePlayer]]) -> None:
-    """The headline of a side-by-side view, over the whole run."""
-    if len(players) != 2:
-        return
-    (a, pa), (b, pb) = players
-    ua, ub = pa.summary["slot_utilization"], pb.summary["slot_utilization"]
-    fa, fb = pa.summary["last_finish_step"], pb.summary["last_finish_step"]
-    sooner = "" if fa is None or fb is None else f": {abs(fa - fb)} steps {'sooner' if fb < fa else 'later'}"
-    st.success(
-        f"**Same requests, same model, same seats and KV cache; only the scheduler differs.**  \n"
-        f"Seats busy over the whole run: {a} **{ua:.0%}**, {b} **{ub:.0%}** ({(ub - ua) * 100:+.0f} points).  \n"
-        f"Last request finishes at step: {a} **{fa}**, {b} **{fb}**{sooner} for {b}."
+def story_moment(players: list[tuple[str, TracePlayer]]) -> str:
+    """The seed story's figures beside the articles': theirs are seats busy at one moment, while one long reply
+    holds a static batch, not over a whole run. That moment here, from the trace (one sentence, HTML)."""
+    traces = {p.trace.config["scheduler"]: p.trace for _, p in players}
+    static, continuous = traces.get("static"), traces.get("continuous")
+    if static is None or continuous is None or static.config.get("workload") != "seed-story":
+        return ""
+    alone = {s.step for s in static.steps if busy_seats(s) == 1 and any(e[2] == "held" for e in s.seats)}
+    if not alone:
+        return ""
+    first = last = min(alone)  # the first such stretch: one user left in the first batch
+    while last + 1 in alone:
+        last += 1
+    who = next(rid for _, rid, state, _, _ in static.steps[first].seats if state in ("prefill", "decode"))
+    now_s, now_c = utilization_now(static, first), utilization_now(continuous, min(first, len(continuous.steps) - 1))
+    return (
+        f"The articles' <b>~9% vs ~93%</b> (<b>1/8</b> for 8 seats and one user left) are seats busy <i>at one "
+        f"moment</i>, while one long reply holds a static batch: here steps {first}–{last}, {who} alone: static "
+        f"<b>{now_s:.0%}</b>, continuous <b>{now_c:.0%}</b>. A whole run also counts the steps when every seat "
+        "was busy, so its figures differ."
     )
+
+
+def comparison(players: list[tuple[str, TracePlayer]]) -> None:
+    """The headline of a side-by-side view, over the whole run (with the articles' figures for the seed story)."""
+    seats_busy_headline(players, story_moment(players))
 
 
 def uploaded_players() -> list[tuple[str, TracePlayer]]:
@@ -236,28 +258,32 @@ def live_players(settings: dict, device: str, schedule: str) -> list[tuple[str, 
             st.error(f"{TITLES[scheduler]}: {e}")
         except Exception as e:  # the student's scheduler may fail in any way: say how, keep the app alive
             st.error(f"{TITLES[scheduler]} failed: {type(e).__name__}: {e}")
-    width = 1200 if len(SCHEDULES[schedule]) == 1 else 700
+    panels = len(SCHEDULES[schedule])
+    width = presenter.chart_width(panels, 1200 if panels == 1 else 700)
+    text_px = presenter.chart_text_px(12)
     axis_steps = max((len(trace.steps) for _, trace, _ in runs), default=0)  # one time axis for the runs shown
     players = []
     for title, trace, key in runs:
         if trace.steps:
-            players.append((title, cached_player(trace, key, width, axis_steps)))
+            players.append((title, cached_player(trace, key, width, axis_steps, text_px)))
         else:
             st.warning(f"{title}: nothing to replay: every request was rejected (see the KV and seat settings).")
     return players
 
 
 def show() -> None:
-    st.caption(
-        "Each column of the chart is one engine step: every seated user decodes one token (blue) or runs its prompt, "
-        "or a chunk of it (orange). Static batching keeps a finished request's seat until the whole batch is done; "
-        "continuous batching gives the seat to the next user at once."
-    )
+    if not presenter.on():  # (the presenter says it)
+        st.caption(
+            "Each column of the chart is one engine step: every seated user decodes one token (blue) or runs its "
+            "prompt, or a chunk of it (orange). Static batching keeps a finished request's seat until the whole "
+            "batch is done; continuous batching gives the seat to the next user at once."
+        )
     start = st.query_params.get("step", "0")  # ?step=300 opens at that step: a link to a moment of the lesson
     transport = Transport(position=int(start) if start.isdigit() else 0)
     st.session_state.setdefault("upload_bytes", None)
-    settings, device, schedule = sidebar()
+    left, right = presenter.settings_row(2)
+    settings, device, schedule = sidebar(left)
     players = uploaded_players() or live_players(settings, device, schedule)
-    exports(players)
+    exports(players, right)
     if players:
         play(players, transport, headline=comparison)

@@ -1,9 +1,18 @@
 """The what-if view: a real model on a real card, by the roofline, then a crowd served on it in simulation.
 
 The top half is `python -m minillm whatif` in pictures (whatif.plan, roofline.py): where the card's
-memory goes, how many users fit against context, tokens/s against batch with the ridge point. The
-bottom half serves a workload with the same engine and schedulers as the tiny model, on a simulated
-clock (simulate.py), static beside continuous, in the same step player, with times in simulated seconds.
+memory goes, how many users fit against context, tokens/s against batch with the ridge point. Where not
+one user fits (the weights alone are too big, or one user's KV at this context is), it says so and shows
+no speed. The bottom half serves a workload with the same engine and schedulers as the tiny model, on a
+simulated clock (simulate.py), static beside continuous, in the same step player, with times in simulated
+seconds. The crowd follows the context slider: by default it gets a seat for every user that fits at that
+context, and a request longer than the context is turned away, as a server configured for it would.
+
+Every control must redraw within about 3 s on a 2-core laptop, so a simulation has a work budget (CROWD_WORK):
+the two policies advance together on the simulated clock, and when it is spent both stop at the same simulated
+moment and the view says how much of the crowd that left out. A budget keeps the crowd the one asked for (up to
+MAX_REQUESTS) and the two runs comparable, and a run the same on every machine (it stops at the same step, whatever
+the machine's speed). Each setting is simulated once per session (st.cache_resource): going back to one is instant.
 """
 
 from __future__ import annotations
@@ -11,6 +20,7 @@ from __future__ import annotations
 import io
 
 import streamlit as st
+from matplotlib.figure import Figure
 
 from minillm.card import whatif
 from minillm.card.calibrate import load_calibration
@@ -18,11 +28,14 @@ from minillm.card.hardware import DEVICES, get_device
 from minillm.card.modelspec import load_spec, shipped_models
 from minillm.card.roofline import KV_BYTES, WEIGHT_BYTES
 from minillm.card.simulate import MAX_NUM_SEQS, SimulatedRunner
+from minillm.engine.trace import Trace
 from minillm.errors import MinillmError
-from minillm.runs.run import run_workload
+from minillm.runs.run import workload_engine
 from minillm.runs.workload import ALL_WORKLOADS, SIMULATED_WORKLOADS, ChatKnobs
-from viz.app.playback import Transport, play
-from viz.card import plot_memory_split, plot_speed_by_batch, plot_users_by_context
+from viz.app import presenter
+from viz.app.playback import Transport, play, seats_busy_headline
+from viz.card import BLOCK, plot_memory_split, plot_speed_by_batch, plot_users_by_context
+from viz.html import figures_html, headline_html
 from viz.player import TracePlayer
 
 CONTEXTS = [256, 512, 1024, 2048, 4096, 8192, 16384, 32768, 65536, 131072]
@@ -64,43 +77,75 @@ def pickers() -> dict:
     return choice
 
 
-def figure_png(fig) -> bytes:
+def figure_png(fig, dpi: int = 110) -> bytes:
     buffer = io.BytesIO()
-    fig.savefig(buffer, format="png", dpi=110)
+    fig.savefig(buffer, format="png", dpi=dpi)
     return buffer.getvalue()
 
 
+def new_axes(width_in: float, height_in: float):
+    return Figure(figsize=(width_in, height_in), layout="constrained").add_subplot()
+
+
 @st.cache_data(max_entries=32, show_spinner=False)
-def card_pictures(card: str, model: str, dtype: str, kv_dtype: str, context: int) -> tuple[bytes, bytes, bytes]:
+def card_pictures(card: str, model: str, dtype: str, kv_dtype: str, context: int, large: bool = False):
+    """The memory split, users against context and speed against batch (None where not one user fits), as PNGs.
+    large (the presenter view): the same drawings on smaller canvases at a higher resolution, so their lettering
+    comes out about 1.4 times as large on screen."""
     spec, device = load_spec(model), get_device(card, "auto")
     plan = whatif.plan(spec, device, dtype, kv_dtype, context)
+    shrink, dpi = (0.8, 150) if large else (1.0, 110)
+    args = (spec, device, context, dtype, kv_dtype)
     return (
-        figure_png(plot_memory_split(plan)),
-        figure_png(plot_users_by_context(spec, device, context, dtype, kv_dtype)),
-        figure_png(plot_speed_by_batch(spec, device, context, dtype, kv_dtype)),
+        figure_png(plot_memory_split(plan, ax=new_axes(10 * shrink, 2.2 * shrink + (0.3 if large else 0))), dpi),
+        figure_png(plot_users_by_context(*args, ax=new_axes(6 * shrink, 3.6 * shrink)), dpi),
+        figure_png(plot_speed_by_batch(*args, ax=new_axes(6 * shrink, 3.6 * shrink)), dpi)
+        if plan["max_users"]
+        else None,
     )
 
 
+def no_user_reason(plan: dict) -> str:
+    """Why not one user fits, in one sentence (plan["max_users"] == 0)."""
+    if not plan["weights_fit"]:
+        return (
+            f"the weights alone ({plan['weight_bytes'] / 2**30:,.1f} GiB) do not fit in "
+            f"{plan['usable_bytes'] / 2**30:,.1f} GiB: pick a bigger card, a smaller model or smaller weights"
+        )
+    one = -(-plan["context"] // BLOCK) * BLOCK * plan["kv_bytes_per_token"]
+    return (f"one user's KV cache at {plan['context']:,} tokens needs {one / 2**30:,.1f} GiB, and "
+            f"{plan['free_kv_bytes'] / 2**30:,.1f} GiB are left after the weights: pick a shorter context, a "
+            "smaller KV dtype or a bigger card")  # fmt: skip
+
+
 def headline(plan: dict, crowd: dict | None) -> None:
-    cols = st.columns(5)
-    cols[0].metric("users that fit", plan["max_users"], help=f"each holding {plan['context']:,} tokens of KV cache")
+    """The view's one big number: users that fit, and the tokens/s each gets when they all decode together."""
+    if not crowd:
+        st.markdown(headline_html("Not one user fits on this card", [("users that fit", "0")],
+                                  f"No speed to show: {no_user_reason(plan)}."), unsafe_allow_html=True)  # fmt: skip
+        return
     ceiling = f"ceiling: bandwidth / weight bytes = {plan['bandwidth_ceiling_tokens_per_s']:,.1f}"
-    cols[1].metric("one user, tokens/s", f"{plan['single_user_tokens_per_s']:,.1f}", help=ceiling)
-    if crowd:
-        cols[2].metric(f"{crowd['batch']} users, tokens/s in total", f"{crowd['tokens_per_s']:,.0f}")
-        cols[3].metric("… per user", f"{crowd['per_user_tokens_per_s']:,.1f}")
-        cols[4].metric("bound", crowd["bound"], help=f"{crowd['intensity']:.1f} FLOPs per byte against the card's "
-                       f"ridge of {crowd['ridge_intensity']:.0f}")  # fmt: skip
+    note = (f"{crowd['batch']} users decoding together make {crowd['tokens_per_s']:,.0f} tokens/s in total; "
+            f"one user alone gets {plan['single_user_tokens_per_s']:,.1f} ({ceiling}).")  # fmt: skip
+    parts = [("users that fit", f"{plan['max_users']:,}"), ("tokens/s each", f"{crowd['per_user_tokens_per_s']:,.1f}")]
+    st.markdown(headline_html(f"Each user holding {plan['context']:,} tokens of KV cache", parts, note),
+                unsafe_allow_html=True)  # fmt: skip
+    st.markdown(figures_html([
+        ("tokens/s in total", f"{crowd['tokens_per_s']:,.0f}", f"{crowd['batch']} users", "all users together"),
+        ("one user alone, tokens/s", f"{plan['single_user_tokens_per_s']:,.1f}", "", ceiling),
+        ("bound", crowd["bound"], f"{crowd['intensity']:.1f} FLOPs/byte",
+         f"against the card's ridge of {crowd['ridge_intensity']:.0f} FLOPs per byte"),
+    ]), unsafe_allow_html=True)  # fmt: skip
 
 
 def card_view(choice: dict) -> bool:
-    """The roofline half. Returns whether the weights fit (a simulation needs room for some KV)."""
+    """The roofline half. Returns whether at least one user fits (a crowd needs a seat)."""
     try:
         spec, device = load_spec(choice["model"]), get_device(choice["card"], "auto")
         args = (choice["dtype"], choice["kv_dtype"], choice["context"])
         plan = whatif.plan(spec, device, *args)
         crowd = whatif.plan(spec, device, *args, batch=plan["max_users"]) if plan["max_users"] else None
-        pictures = card_pictures(choice["card"], choice["model"], *args)
+        pictures = card_pictures(choice["card"], choice["model"], *args, large=presenter.on())
     except MinillmError as e:
         st.error(str(e))
         return False
@@ -109,45 +154,75 @@ def card_view(choice: dict) -> bool:
     st.image(memory, width="stretch")
     left, right = st.columns(2)
     left.image(users, width="stretch")
-    right.image(speed, width="stretch")
+    if crowd:
+        right.image(speed, width="stretch")
+    else:  # a speed for users who cannot be served would contradict the number above
+        right.info(f"No decode speed: not one user fits. {no_user_reason(plan).capitalize()}.")
     with st.expander("the numbers, as `python -m minillm whatif` prints them"):
         flags = f"--model {choice['model']} --gpu {choice['card']} --dtype {args[0]} --kv-dtype {args[1]}"
         st.code(f"$ python -m minillm whatif {flags} --context {args[2]}\n{whatif.summary(plan)}", language=None)
-    return plan["weights_fit"]
+    return crowd is not None
 
 
 # --- the simulated crowd ------------------------------------------------------------------------
+CROWD_WORK = 7_500  # engine steps, plus seat entries / 11, both policies together: about a second of simulation on
+# this project's 2-core machine shared with other work (a step cost about 140 us, each seat in it, held or working,
+# about 12 us more). The default crowd needs about 7,000, so it is simulated to its end.
+SEAT_WORK = 1 / 11
+MAX_REQUESTS = 500  # a crowd of 2,000 took 3 s just to draw and submit (long Azure prompts, checked token by token)
+PREFIX_WORK_PER_BLOCK = 1 / 500  # with prefix caching a step also counts the pool's cached free blocks: O(pool)
+
+
 def crowd_settings() -> dict:
-    row = st.columns([1.3, 1, 1, 1.1, 0.9, 0.9])
+    row = st.columns([1.3, 1, 1.2, 1.1, 1.15, 1.35])
     azure = "azure-conv / azure-code: prompt and reply lengths from Azure's 2023 LLM inference trace"
     workload = row[0].selectbox("workload", WORKLOADS, key="wi_workload", help=azure)
     return {
         "workload": workload,
-        "requests": row[1].number_input("requests", 1, 2000, 100, key="wi_requests"),
-        "rate_per_s": row[2].select_slider("arrivals per second", RATES_PER_S, 4, key="wi_rate",
-                                           help="Poisson; 1000: everyone at once"),  # fmt: skip
+        "requests": row[1].number_input("requests", 1, MAX_REQUESTS, 50, key="wi_requests",
+                                        help=f"at most {MAX_REQUESTS}: building and queueing a crowd costs time too"),
+        "rate_per_s": row[2].select_slider("arrivals per s", RATES_PER_S, 4, key="wi_rate",
+                                           help="arrivals per second (Poisson); 1000: everyone at once"),  # fmt: skip
         "token_budget": row[3].select_slider("token budget", BUDGETS, None, key="wi_budget",
                                              format_func=budget_label,
                                              help="auto: vLLM's server default for the card (8192 from 70 GiB, "
                                              "else 2048)"),  # fmt: skip
         "slots": row[4].number_input("seats (0: auto)", 0, MAX_NUM_SEQS, 0, key="wi_slots",
-                                     help="0: as many users as KV memory holds at a typical length, at most 256"),
-        "prefix_caching": row[5].toggle("prefix caching", False, key="wi_prefix"),
+                                     help="0: one seat for each user that fits at the context above (at most 256)"),
+        "prefix_caching": row[5].toggle("prefix cache", False, key="wi_prefix",
+                                        help="requests whose prompts start alike share those KV blocks"),
     }  # fmt: skip
 
 
-@st.cache_resource(max_entries=4, show_spinner=False)  # a simulated trace stays a few MB in memory
-def simulated_trace(scheduler: str, card: str, model: str, dtype: str, kv_dtype: str, workload: str, requests: int,
-                    rate_per_s: float, token_budget: int | None, slots: int, prefix_caching: bool):  # fmt: skip
-    runner = SimulatedRunner(load_spec(model), get_device(card, "auto"), dtype, kv_dtype)
-    knobs = ChatKnobs(requests=requests, rate_per_s=rate_per_s)
-    return run_workload(runner, workload, scheduler, knobs=knobs, slots=slots or None, token_budget=token_budget,
-                        prefix_caching=prefix_caching)  # fmt: skip
+@st.cache_resource(max_entries=8, show_spinner=False)  # a simulated trace stays a few MB in memory
+def simulated_crowd(card: str, model: str, dtype: str, kv_dtype: str, context: int, workload: str, requests: int,
+                    rate_per_s: float, token_budget: int | None, slots: int, prefix_caching: bool
+                    ) -> tuple[dict[str, Trace], bool]:  # fmt: skip
+    """Both policies on the same crowd, advanced together on the simulated clock (the one that is behind takes the
+    next step) until both are done or CROWD_WORK is spent. Returns {scheduler: trace} and whether it stopped early."""
+    spec, device = load_spec(model), get_device(card, "auto")
+    seats = slots or max(1, min(MAX_NUM_SEQS, whatif.plan(spec, device, dtype, kv_dtype, context)["max_users"]))
+    engines = {}
+    for scheduler in SCHEDULERS:
+        runner = SimulatedRunner(spec, device, dtype, kv_dtype)
+        runner.max_len = context  # the longest context a user may hold: longer requests are turned away
+        knobs = ChatKnobs(requests=requests, rate_per_s=rate_per_s)
+        engines[scheduler] = workload_engine(runner, workload, scheduler, knobs=knobs, slots=seats,
+                                             token_budget=token_budget, prefix_caching=prefix_caching)  # fmt: skip
+    work, per_step = 0.0, 1 + (PREFIX_WORK_PER_BLOCK * engines["static"].cache.num_blocks if prefix_caching else 0)
+    while work < CROWD_WORK:
+        busy = [e for e in engines.values() if e.has_work()]
+        if not busy:
+            break
+        record = min(busy, key=lambda e: e.clock.now()).step()
+        work += per_step + SEAT_WORK * len(record.seats)
+    cut = any(e.has_work() for e in engines.values())
+    return {name: e.trace() for name, e in engines.items()}, cut
 
 
-@st.cache_resource(max_entries=4, show_spinner=False)
-def simulated_player(_trace, run_key: tuple, width: int, axis_seconds: float) -> TracePlayer:
-    return TracePlayer(_trace, width, axis_seconds=axis_seconds)
+@st.cache_resource(max_entries=8, show_spinner=False)
+def simulated_player(_trace, run_key: tuple, width: int, axis_seconds: float, text_px: int) -> TracePlayer:
+    return TracePlayer(_trace, width, axis_seconds=axis_seconds, text_px=text_px)
 
 
 def summary_table(players: list[tuple[str, TracePlayer]]) -> str:
@@ -156,50 +231,70 @@ def summary_table(players: list[tuple[str, TracePlayer]]) -> str:
     lines = ["| | tokens/s | TTFT p50 | TTFT p99 | TPOT p50 | TPOT p99 | seats busy | all done at |", "|---" * 8 + "|"]
     for title, p in players:
         s = p.summary
+        done = f"{p.end_s:,.1f} s" if s["finished"] + s["rejected"] == s["requests"] else "(stopped)"
         lines.append(
             f"| **{title}** | {s['tokens_per_s']:,.0f} | {ms(s['ttft_p50_s'])} | {ms(s['ttft_p99_s'])} | "
-            f"{ms(s['tpot_p50_s'])} | {ms(s['tpot_p99_s'])} | {s['slot_utilization']:.0%} | {p.end_s:,.1f} s |"
+            f"{ms(s['tpot_p50_s'])} | {ms(s['tpot_p99_s'])} | {s['slot_utilization']:.0%} | {done} |"
         )
     return "\n".join(lines)
 
 
+def crowd_notes(players: list[tuple[str, TracePlayer]], settings: dict, context: int, cut: bool) -> str:
+    """The seats, the pool, and what the simulation left out (requests too long for the context, a stop)."""
+    config, summary = players[0][1].trace.config, players[0][1].summary
+    seats = f"{config['slots']} seats" + ("" if settings["slots"] else f" (one per user that fits at {context:,})")
+    notes = [f"{seats}, {config['num_blocks']:,} KV blocks of {config['block_size']} tokens, token budget "
+             f"{config['token_budget'] or 'none'}."]  # fmt: skip
+    if summary["rejected"]:
+        notes.append(f"{summary['rejected']} of {summary['requests']} requests were turned away: longer than the "
+                     f"{context:,}-token context.")  # fmt: skip
+    if cut:
+        until = min(p.end_s for _, p in players)
+        left = max(p.summary["requests"] - p.summary["finished"] - p.summary["rejected"] for _, p in players)
+        notes.append(
+            f"Simulated up to {until:,.1f} s, where the work budget of a quick redraw ran out: {left} requests were "
+            "still waiting or running (fewer requests, or more seats, simulate to the end)."
+        )
+    return " ".join(notes)
+
+
 def crowd_view(choice: dict) -> None:
     st.subheader("A crowd on this card, simulated")
-    st.caption(
-        "The same engine, schedulers and block allocator that serve the tiny model, with the model's forward "
-        "replaced by the roofline's time for each step on this card: every reply has its planned length, the "
-        "clock is simulated seconds. Runs advance together in time: a continuous step, with newcomers' prompt "
-        "chunks in it, takes longer than a static one."
-    )
+    if not presenter.on():
+        st.caption(
+            "The same engine, schedulers and block allocator that serve the tiny model, with the model's forward "
+            "replaced by the roofline's time for each step on this card: every reply has its planned length, the "
+            "clock is simulated seconds. Runs advance together in time: a continuous step, with newcomers' prompt "
+            "chunks in it, takes longer than a static one."
+        )
     settings = crowd_settings()
-    card = {k: choice[k] for k in ("card", "model", "dtype", "kv_dtype")}
-    traces = []
-    for scheduler, title in SCHEDULERS.items():
-        key = (scheduler, *card.values(), *settings.values())
-        try:
-            with st.spinner(f"Simulating {title}: {settings['requests']} {settings['workload']} requests…"):
-                traces.append((title, simulated_trace(scheduler, **card, **settings), key))
-        except MinillmError as e:
-            st.error(f"{title}: {e}")
-            return
-    if not all(trace.steps for _, trace, _ in traces):
-        st.warning("Nothing to replay: every request was rejected (too long for this card's KV memory?).")
+    card = {k: choice[k] for k in ("card", "model", "dtype", "kv_dtype", "context")}
+    try:
+        with st.spinner(f"Simulating {settings['requests']} {settings['workload']} requests, static and continuous…"):
+            traces, cut = simulated_crowd(**card, **settings)
+    except MinillmError as e:
+        st.error(str(e))
         return
-    end = max(trace.steps[-1].time_s for _, trace, _ in traces)
-    players = [(title, simulated_player(trace, key, 700, end)) for title, trace, key in traces]
-    config = players[0][1].trace.config
-    st.markdown(
-        f"{config['slots']} seats, {config['num_blocks']:,} KV blocks of {config['block_size']} tokens, token budget "
-        f"{config['token_budget'] or 'none'}. Over the whole run:\n\n{summary_table(players)}"
-    )
-    play(players, Transport("sim_", speed=10))
+    if not all(trace.steps for trace in traces.values()):
+        st.warning(f"Nothing to replay: every request was turned away (longer than the {choice['context']:,}-token "
+                   "context?).")  # fmt: skip
+        return
+    end = max(trace.steps[-1].time_s for trace in traces.values())
+    width, text_px = presenter.chart_width(2, 700), presenter.chart_text_px(12)
+    key = (*card.values(), *settings.values())
+    players = [(SCHEDULERS[name], simulated_player(trace, (name, *key), width, end, text_px))
+               for name, trace in traces.items()]  # fmt: skip
+    st.markdown(f"{crowd_notes(players, settings, choice['context'], cut)} Over the whole run:\n\n"
+                f"{summary_table(players)}")  # fmt: skip
+    play(players, Transport("sim_", speed=10), headline=seats_busy_headline)
 
 
 def show() -> None:
-    st.caption(
-        "A real model on a real card, priced by the roofline (minillm/card/roofline.py): a decode step streams every "
-        "weight once for all users together, and each user's KV cache takes memory and bandwidth."
-    )
+    if not presenter.on():
+        st.caption(
+            "A real model on a real card, priced by the roofline (minillm/card/roofline.py): a decode step streams "
+            "every weight once for all users together, and each user's KV cache takes memory and bandwidth."
+        )
     choice = pickers()
     if card_view(choice):
         st.divider()
