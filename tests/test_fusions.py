@@ -15,6 +15,7 @@ from minillm.card.calibrate import torch_calls
 from minillm.config import ModelConfig
 from minillm.engine.kv_cache import ContiguousKVCache, PagedKVCache
 from minillm.model.attention import reference_attention
+from minillm.model.checkpoint import llama_layout
 from tests.conftest import SMALL_CONFIGS, random_model
 
 TOLERANCE = {"rtol": 1e-4, "atol": 1e-5}
@@ -22,7 +23,7 @@ TOLERANCE = {"rtol": 1e-4, "atol": 1e-5}
 
 def standard_weights(model) -> dict[str, torch.Tensor]:
     """The model's weights under Llama's names (q_proj, k_proj, v_proj, gate_proj, up_proj: one matrix each)."""
-    return model.state_dict()
+    return llama_layout(model.state_dict(), model.cfg)
 
 
 def textbook_logits(w: dict[str, torch.Tensor], cfg: ModelConfig, tokens: torch.Tensor) -> torch.Tensor:

@@ -3,7 +3,8 @@
 One forward serves every use: with `cache=None` it is the plain full-sequence model (the
 reference, and what training runs); with a KV cache it writes the new tokens' keys and
 values into the cache and attends over everything stored so far (prefill and decode).
-Module names follow Hugging Face's Llama so export is a renaming, not a conversion.
+Module names follow Hugging Face's Llama, except where two or three matmuls run as one (qkv_proj, gate_up_proj):
+checkpoint.py cuts those back into Llama's weights in every file, so export is a renaming.
 """
 
 from __future__ import annotations
@@ -54,16 +55,14 @@ class Attention(nn.Module):
     def __init__(self, cfg: ModelConfig, layer: int):
         super().__init__()
         self.layer, self.n_heads, self.n_kv_heads, self.head_dim = layer, cfg.n_heads, cfg.n_kv_heads, cfg.head_dim
-        self.q_proj = nn.Linear(cfg.dim, cfg.n_heads * cfg.head_dim, bias=False)
-        self.k_proj = nn.Linear(cfg.dim, cfg.n_kv_heads * cfg.head_dim, bias=False)
-        self.v_proj = nn.Linear(cfg.dim, cfg.n_kv_heads * cfg.head_dim, bias=False)
+        # q_proj, k_proj and v_proj stacked by rows: one matmul, not three (files keep the three: checkpoint.py)
+        self.qkv_proj = nn.Linear(cfg.dim, (cfg.n_heads + 2 * cfg.n_kv_heads) * cfg.head_dim, bias=False)
         self.o_proj = nn.Linear(cfg.n_heads * cfg.head_dim, cfg.dim, bias=False)
 
     def forward(self, x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, cache: KVCacheLike | None):
         B, T, _ = x.shape
-        q = self.q_proj(x).view(B, T, self.n_heads, self.head_dim)  # (B, T, H, D)
-        k = self.k_proj(x).view(B, T, self.n_kv_heads, self.head_dim)  # (B, T, Hkv, D)
-        v = self.v_proj(x).view(B, T, self.n_kv_heads, self.head_dim)
+        qkv = self.qkv_proj(x).view(B, T, -1, self.head_dim)  # (B, T, H + 2 Hkv, D)
+        q, k, v = qkv.split([self.n_heads, self.n_kv_heads, self.n_kv_heads], dim=2)  # (B, T, H or Hkv, D)
         q, k = apply_rope(q, cos, sin), apply_rope(k, cos, sin)
         if cache is None:
             out = attend(q, k, v, mask=None)  # causal over this sequence alone
