@@ -36,13 +36,14 @@ def resolve_device(name: str = "auto") -> torch.device:
 
 
 # Matrices the model runs as one matmul (transformer.py) -> Llama's, stacked by rows in this order.
-FUSED = {"self_attn.qkv_proj": ("self_attn.q_proj", "self_attn.k_proj", "self_attn.v_proj")}
+FUSED = {"self_attn.qkv_proj": ("self_attn.q_proj", "self_attn.k_proj", "self_attn.v_proj"),
+         "mlp.gate_up_proj": ("mlp.gate_proj", "mlp.up_proj")}  # fmt: skip
 
 
 def llama_layout(state: dict[str, torch.Tensor], cfg: ModelConfig) -> dict[str, torch.Tensor]:
     """The model's state dict under Llama's names: each fused matrix cut back into its parts."""
     kv = cfg.n_kv_heads * cfg.head_dim
-    rows = {"self_attn.qkv_proj": [cfg.n_heads * cfg.head_dim, kv, kv]}
+    rows = {"self_attn.qkv_proj": [cfg.n_heads * cfg.head_dim, kv, kv], "mlp.gate_up_proj": [cfg.ffn_dim] * 2}
     out = {}
     for name, t in state.items():
         fused = next((f for f in FUSED if f".{f}." in name), None)
