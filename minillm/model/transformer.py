@@ -37,18 +37,21 @@ class RMSNorm(nn.Module):
 
 
 def rope_tables(head_dim: int, max_len: int, theta: float) -> tuple[torch.Tensor, torch.Tensor]:
-    """cos and sin tables (max_len, head_dim) for Llama's "rotate half" rotary embedding."""
+    """cos and sin tables (max_len, 1, D) for Llama's "rotate half" rotary embedding (1: broadcast over heads).
+    The sin table's first half is negated: apply_rope's roll then rotates without a neg and a cat."""
     inv_freq = 1.0 / theta ** (torch.arange(0, head_dim, 2, dtype=torch.float64) / head_dim)  # (D/2,)
     angles = torch.outer(torch.arange(max_len, dtype=torch.float64), inv_freq)  # (max_len, D/2)
-    angles = torch.cat([angles, angles], dim=-1)  # (max_len, D): both halves use the same angles
-    return angles.cos().float(), angles.sin().float()
+    cos, sin = angles.cos(), angles.sin()
+    cos, sin = torch.cat([cos, cos], dim=-1), torch.cat([-sin, sin], dim=-1)  # (max_len, D)
+    return cos.float()[:, None], sin.float()[:, None]
 
 
 def apply_rope(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
-    """Rotate pairs (x[i], x[i + D/2]) by a position-dependent angle. x (B, T, H, D); cos, sin (B, T, D)."""
-    half = x.shape[-1] // 2
-    rotated = torch.cat([-x[..., half:], x[..., :half]], dim=-1)
-    return x * cos[:, :, None, :] + rotated * sin[:, :, None, :]
+    """Rotate pairs (x[i], x[i + D/2]) by a position-dependent angle. x (B, T, H, D); cos, sin (B, T, 1, D).
+
+    Written out: x * cos + cat([-x2, x1]) * sin with x1, x2 the halves of x. roll gives (x2, x1) and the sin
+    table carries the minus: 4 calls instead of 7."""
+    return x * cos + x.roll(x.shape[-1] // 2, dims=-1) * sin
 
 
 class Attention(nn.Module):
@@ -60,10 +63,10 @@ class Attention(nn.Module):
         self.o_proj = nn.Linear(cfg.n_heads * cfg.head_dim, cfg.dim, bias=False)
 
     def forward(self, x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, cache: KVCacheLike | None):
-        B, T, _ = x.shape
-        qkv = self.qkv_proj(x).view(B, T, -1, self.head_dim)  # (B, T, H + 2 Hkv, D)
-        q, k, v = qkv.split([self.n_heads, self.n_kv_heads, self.n_kv_heads], dim=2)  # (B, T, H or Hkv, D)
-        q, k = apply_rope(q, cos, sin), apply_rope(k, cos, sin)
+        (B, T, _), H, Hkv = x.shape, self.n_heads, self.n_kv_heads
+        qkv = self.qkv_proj(x).view(B, T, H + 2 * Hkv, self.head_dim)  # (B, T, H + 2 Hkv, D)
+        qk, v = qkv.split([H + Hkv, Hkv], dim=2)  # q and k side by side (B, T, H + Hkv, D); v (B, T, Hkv, D)
+        q, k = apply_rope(qk, cos, sin).split([H, Hkv], dim=2)  # q and k rotated by the same 4 calls
         if cache is None:
             out = attend(q, k, v, mask=None)  # causal over this sequence alone
         else:
@@ -104,7 +107,7 @@ class Transformer(nn.Module):
         self.norm = RMSNorm(cfg.dim, cfg.norm_eps)
         self.lm_head = nn.Linear(cfg.dim, cfg.vocab_size, bias=False)
         cos, sin = rope_tables(cfg.head_dim, cfg.max_seq_len, cfg.rope_theta)
-        self.register_buffer("rope_cos", cos, persistent=False)  # (max_seq_len, D)
+        self.register_buffer("rope_cos", cos, persistent=False)  # (max_seq_len, 1, D)
         self.register_buffer("rope_sin", sin, persistent=False)
         self.apply(self._init_weights)
 
@@ -128,7 +131,7 @@ class Transformer(nn.Module):
         if positions is None:
             positions = torch.arange(T, device=tokens.device).expand(B, T)
         x = self.embed_tokens(tokens)  # (B, T, dim)
-        cos, sin = self.rope_cos[positions], self.rope_sin[positions]  # (B, T, D)
+        cos, sin = self.rope_cos[positions], self.rope_sin[positions]  # (B, T, 1, D): once for every layer
         for layer in self.layers:
             x = layer(x, cos, sin, cache)
         if last_only:
