@@ -133,10 +133,7 @@ def test_a_decode_step_makes_as_many_torch_calls_at_any_batch():
         assert sum(torch_calls(decode_step(model, 1)).values()) == sum(torch_calls(decode_step(model, 32)).values())
 
 
-CONTIGUOUS_SYNC = pytest.mark.xfail(strict=True, reason="the contiguous cache reads its span per layer (int(...))")
-
-
-@pytest.mark.parametrize("layout", ["paged", pytest.param("contiguous", marks=CONTIGUOUS_SYNC)])
+@pytest.mark.parametrize("layout", ["paged", "contiguous"])
 def test_a_step_never_waits_for_a_value(layout):
     """No .item(), int(tensor), .tolist() or truth test of a tensor inside a step: each would stop a GPU's queue."""
     model = random_model("gqa")
