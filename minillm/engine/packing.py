@@ -105,7 +105,7 @@ class GroupPlan:
     rows: list[int]  # its row numbers
     shape: tuple[int, int]  # (G, T): G rows of T tokens
     index: torch.Tensor | None  # (G*T,) flat indices of its tokens, row after row; None: the whole batch, in order
-    mask: torch.Tensor  # (G, T, S) bool: which of the S keys each query may see
+    mask: torch.Tensor  # (G, T, S) added to the scores: 0 where a query may see a key, -inf where not
     keys: torch.Tensor | None = None  # where its rows' keys live, set by the cache (block tables, or seats)
 
 
@@ -136,7 +136,8 @@ class StepPlan:
             else:
                 index = torch.tensor(g.token_index, device=device)
                 positions = torch.tensor([flat[i] for i in g.token_index], device=device).view(shape)
-            self.groups.append(GroupPlan(g.rows, shape, index, visible_mask(positions, num_keys)))
+            mask = torch.where(visible_mask(positions, num_keys), 0.0, float("-inf"))  # sdpa's form: not per layer
+            self.groups.append(GroupPlan(g.rows, shape, index, mask))
 
     def attend(self, q: torch.Tensor, keys_of) -> torch.Tensor:
         """Every group attends over its rows' keys: keys_of(group) -> keys, values (G, S, Hkv, D). q (B, T, H, D)."""
