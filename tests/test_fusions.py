@@ -14,7 +14,7 @@ import torch.nn.functional as F
 from minillm.card.calibrate import torch_calls
 from minillm.config import ModelConfig
 from minillm.engine.kv_cache import ContiguousKVCache, PagedKVCache
-from minillm.model.attention import reference_attention
+from minillm.model.attention import attend, reference_attention, visible_mask
 from minillm.model.checkpoint import llama_layout
 from tests.conftest import SMALL_CONFIGS, random_model
 
@@ -64,6 +64,18 @@ def test_the_model_equals_llama_written_out(name):
     with torch.no_grad():
         torch.testing.assert_close(model(tokens), textbook_logits(standard_weights(model), model.cfg, tokens),
                                    **TOLERANCE)  # fmt: skip
+
+
+@pytest.mark.parametrize("n_heads,n_kv_heads", [(4, 4), (8, 2), (8, 1)])
+def test_decode_attention_with_query_heads_folded_equals_the_formula(n_heads, n_kv_heads):
+    """One query per row: attend runs each kv head's query heads as its rows; the mask bool or float (0 / -inf)."""
+    g = torch.Generator().manual_seed(3)
+    q = torch.randn(5, 1, n_heads, 16, generator=g)
+    k, v = torch.randn(5, 12, n_kv_heads, 16, generator=g), torch.randn(5, 12, n_kv_heads, 16, generator=g)
+    mask = visible_mask(torch.tensor([[3], [11], [0], [7], [5]]), 12)  # (5, 1, 12)
+    expected = reference_attention(q, k, v, mask)
+    torch.testing.assert_close(attend(q, k, v, mask), expected)
+    torch.testing.assert_close(attend(q, k, v, torch.where(mask, 0.0, float("-inf"))), expected)
 
 
 @pytest.mark.parametrize("layout", ["paged", "contiguous"])
