@@ -52,7 +52,6 @@ class ContiguousKVCache:
         self.k = torch.zeros(shape, device=device, dtype=dtype)  # (L, seats, max_len, Hkv, D)
         self.v = torch.zeros(shape, device=device, dtype=dtype)
         self.lengths = [0] * num_seats  # tokens stored per seat
-        self.layers = [(self.k[i], self.v[i]) for i in range(cfg.n_layers)]  # views: (seats, max_len, Hkv, D)
         self.plan: StepPlan | None = None
 
     def prepare(self, seats: list[int], num_new: int | list[int], padding_rows: int = 0) -> torch.Tensor:
@@ -78,9 +77,9 @@ class ContiguousKVCache:
 
     def attend(self, layer: int, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> torch.Tensor:
         """q (B, T, H, D); k, v (B, T, Hkv, D) for the new tokens. Returns (B, T, H, D)."""
-        (k_rows, v_rows), plan, span = self.layers[layer], self.plan, self.plan.num_keys  # (seats, max_len, Hkv, D)
+        plan, span = self.plan, self.plan.num_keys  # self.k, self.v: (L, seats, max_len, Hkv, D)
         self.k[(layer, *plan.write_at)], self.v[(layer, *plan.write_at)] = k, v  # each new token at (seat, position)
-        return plan.attend(q, lambda group: (k_rows[group.keys, :span], v_rows[group.keys, :span]))
+        return plan.attend(q, lambda group: (self.k[layer, group.keys, :span], self.v[layer, group.keys, :span]))
 
     def free(self, seat: int) -> None:
         """Forget a seat's tokens. Its row stays reserved: that is the contiguous layout's cost."""
@@ -179,8 +178,12 @@ class PagedKVCache(PagedKVBooks):
         plan = self.plan = StepPlan(seats, starts, num_new, padding_rows, width * self.block_size, self.k.device)
         tables = [self.allocator.tables[seat] for seat in plan.seats]  # each padded to `width` with block 0: masked
         padded = torch.tensor([t + [0] * (width - len(t)) for t in tables], device=self.k.device)  # (R, max_blocks)
-        token_tables = padded[torch.tensor(plan.row_of_token, device=self.k.device)]  # (N, max_blocks): per token
-        plan.write_at = slot_mapping(token_tables, plan.positions.view(-1, 1), self.block_size).view(plan.shape)
+        if plan.rectangle:  # T positions on each row's table
+            slots = slot_mapping(padded, plan.positions, self.block_size)
+        else:  # one position on each token's table
+            token_tables = padded[torch.tensor(plan.row_of_token, device=self.k.device)]  # (N, max_blocks)
+            slots = slot_mapping(token_tables, plan.positions.view(-1, 1), self.block_size)
+        plan.write_at = slots.view(plan.shape)  # (B, T): each new token's flat slot in the pool
         for group in plan.groups:
             group.keys = padded[group.rows]  # (G, max_blocks): the blocks its rows read
         return plan.positions

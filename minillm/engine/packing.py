@@ -18,6 +18,7 @@ sequence (decode rows, and a prompt's last chunk) produce a token this step.
 
 from __future__ import annotations
 
+import itertools
 from dataclasses import dataclass, field
 
 import torch
@@ -77,15 +78,15 @@ class RowGroup:
     rows: list[int]  # row numbers (padding rows continue the numbering after the real rows)
     length: int  # T: tokens per row
     token_index: list[int] | None  # flat indices of the group's tokens, row after row; None: the whole batch in order
+    mask: torch.Tensor | None = None  # (G, T, S) set by a StepPlan, added to the scores: 0 may see a key, -inf not
+    index: torch.Tensor | None = None  # token_index as a tensor (StepPlan)
+    keys: torch.Tensor | None = None  # where its rows' keys live, set by the cache (block tables, or seats)
 
 
 def row_groups(counts: list[int], padding_rows: int = 0) -> list[RowGroup]:
     """Group rows by length. Padding rows are copies of a 1-token row and join the 1-token group."""
     counts = counts + [1] * padding_rows
-    starts, total = [], 0
-    for n in counts:
-        starts.append(total)
-        total += n
+    starts = [0, *itertools.accumulate(counts)]  # where each row's tokens begin
     by_length: dict[int, list[int]] = {}
     for row, n in enumerate(counts):
         by_length.setdefault(n, []).append(row)
@@ -96,17 +97,6 @@ def row_groups(counts: list[int], padding_rows: int = 0) -> list[RowGroup]:
         RowGroup(rows, length, [starts[row] + t for row in rows for t in range(length)])
         for length, rows in by_length.items()
     ]
-
-
-@dataclass
-class GroupPlan:
-    """One row group's attention, planned once per step and read by every layer."""
-
-    rows: list[int]  # its row numbers
-    shape: tuple[int, int]  # (G, T): G rows of T tokens
-    index: torch.Tensor | None  # (G*T,) flat indices of its tokens, row after row; None: the whole batch, in order
-    mask: torch.Tensor  # (G, T, S) added to the scores: 0 where a query may see a key, -inf where not
-    keys: torch.Tensor | None = None  # where its rows' keys live, set by the cache (block tables, or seats)
 
 
 class StepPlan:
@@ -125,19 +115,18 @@ class StepPlan:
             counts = counts + [1] * padding_rows
         flat = [start + t for start, n in zip(starts, counts) for t in range(n)]
         self.shape = (len(counts), counts[0]) if self.rectangle else (1, len(flat))
-        self.seats, self.num_keys, self.groups = seats, num_keys, []  # (R,) each row's seat
+        self.seats, self.num_keys, self.groups = seats, num_keys, row_groups(counts)  # (R,) each row's seat
         self.positions = torch.tensor(flat, device=device).view(self.shape)  # (B, T): the forward's shape
         self.row_of_token = [row for row, n in enumerate(counts) for _ in range(n)]  # (N,)
         self.write_at = None  # set by the cache: where each new token's key and value go, an index shaped (B, T)
-        for g in row_groups(counts):
+        for g in self.groups:
             shape = (len(g.rows), g.length)
-            if g.token_index is None:
-                index, positions = None, self.positions.view(shape)
+            if g.token_index is None:  # the whole batch, in order
+                positions = self.positions.view(shape)
             else:
-                index = torch.tensor(g.token_index, device=device)
                 positions = torch.tensor([flat[i] for i in g.token_index], device=device).view(shape)
-            mask = torch.where(visible_mask(positions, num_keys), 0.0, float("-inf"))  # sdpa's form: not per layer
-            self.groups.append(GroupPlan(g.rows, shape, index, mask))
+            g.mask = torch.where(visible_mask(positions, num_keys), 0.0, float("-inf"))  # sdpa's form: not per layer
+            g.index = None if g.token_index is None else torch.tensor(g.token_index, device=device)
 
     def attend(self, q: torch.Tensor, keys_of) -> torch.Tensor:
         """Every group attends over its rows' keys: keys_of(group) -> keys, values (G, S, Hkv, D). q (B, T, H, D)."""
@@ -145,6 +134,6 @@ class StepPlan:
             return attend(q, *keys_of(self.groups[0]), self.groups[0].mask)
         flat, out = q.flatten(0, 1), torch.empty_like(q).flatten(0, 1)  # (N, H, D)
         for g in self.groups:
-            q_group = (flat if g.index is None else flat[g.index]).view(*g.shape, *flat.shape[1:])  # (G, T, H, D)
+            q_group = (flat if g.index is None else flat[g.index]).unflatten(0, (-1, g.length))  # (G, T, H, D)
             out[slice(None) if g.index is None else g.index] = attend(q_group, *keys_of(g), g.mask).flatten(0, 1)
         return out.view(q.shape)

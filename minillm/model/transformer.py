@@ -3,8 +3,7 @@
 One forward serves every use: with `cache=None` it is the plain full-sequence model (the
 reference, and what training runs); with a KV cache it writes the new tokens' keys and
 values into the cache and attends over everything stored so far (prefill and decode).
-Module names follow Hugging Face's Llama, except where two or three matmuls run as one (qkv_proj, gate_up_proj):
-checkpoint.py cuts those back into Llama's weights in every file, so export is a renaming.
+Module names follow Hugging Face's Llama; qkv_proj and gate_up_proj stack its q/k/v and gate/up (checkpoint.py).
 """
 
 from __future__ import annotations
