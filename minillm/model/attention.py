@@ -43,14 +43,9 @@ def attend(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, mask: torch.Tensor
     if T == 1 and mask is not None:  # decode: each kv head's H / Hkv query heads become its rows, so its keys are
         # read once, not once per query head (as decode kernels do; 2x faster here from 16 rows). mask (B, 1, 1, S)
         return F.scaled_dot_product_attention(q.view(B, Hkv, H // Hkv, D), k, v, attn_mask=mask[:, None]).view(q.shape)
-    out = F.scaled_dot_product_attention(
-        q.transpose(1, 2),  # (B, H, T, D)
-        k,
-        v,
-        attn_mask=None if mask is None else mask[:, None],  # (B, 1, T, S)
-        is_causal=mask is None,
-        enable_gqa=Hkv != H,
-    )
+    mask = None if mask is None else mask[:, None]  # (B, 1, T, S)
+    out = F.scaled_dot_product_attention(q.transpose(1, 2), k, v, attn_mask=mask, is_causal=mask is None,
+                                         enable_gqa=Hkv != H)  # (B, H, T, D)  # fmt: skip
     return out.transpose(1, 2)  # (B, T, H, D)
 
 

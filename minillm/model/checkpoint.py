@@ -59,9 +59,8 @@ def fused_layout(tensors: dict[str, torch.Tensor], cfg: ModelConfig) -> dict[str
     """Llama's names -> the model's: each layer's parts stacked into their fused matrix."""
     out = dict(tensors)
     for layer, (fused, parts) in itertools.product(range(cfg.n_layers), FUSED.items()):
-        names = [f"layers.{layer}.{part}.weight" for part in parts]
-        if all(name in out for name in names):  # (else load_state_dict says what is missing)
-            out[f"layers.{layer}.{fused}.weight"] = torch.cat([out.pop(name) for name in names])
+        stacked = [out.pop(f"layers.{layer}.{part}.weight") for part in parts]  # KeyError: the file lacks a part
+        out[f"layers.{layer}.{fused}.weight"] = torch.cat(stacked)
     return out
 
 
@@ -91,7 +90,7 @@ def load_model(path: str | Path | None = None, device: str | torch.device = "aut
     model = Transformer(cfg)
     try:
         model.load_state_dict(fused_layout(tensors, cfg), strict=True)
-    except RuntimeError as e:
+    except (RuntimeError, KeyError) as e:
         first = str(e).splitlines()[0]
         raise CheckpointError(f"checkpoint {path} does not match the model ({first}); {RETRAIN_HINT}") from None
     return model.to(device).eval()

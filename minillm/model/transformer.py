@@ -47,9 +47,7 @@ def rope_tables(head_dim: int, max_len: int, theta: float) -> tuple[torch.Tensor
 
 def apply_rope(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
     """Rotate pairs (x[i], x[i + D/2]) by a position-dependent angle. x (B, T, H, D); cos, sin (B, T, 1, D).
-
-    Written out: x * cos + cat([-x2, x1]) * sin with x1, x2 the halves of x. roll gives (x2, x1) and the sin
-    table carries the minus: 4 calls instead of 7."""
+    Written out: x * cos + cat([-x2, x1]) * sin, x1 and x2 the halves of x; roll gives (x2, x1), sin the minus."""
     return x * cos + x.roll(x.shape[-1] // 2, dims=-1) * sin
 
 
