@@ -153,3 +153,11 @@ def test_a_step_never_waits_for_a_value(layout):
         calls = torch_calls(decode_step(model, 4, layout=layout))
     syncs = {op for _, op in calls} & {"item", "tolist", "__int__", "__index__", "__bool__", "__float__"}
     assert not syncs, f"host syncs in a decode step: {syncs}"
+
+
+def test_compile_on_a_cpu_is_a_clear_error(capsys):
+    """--compile is off by default; asked for on a CPU it says why it is not used there, before loading anything."""
+    from minillm.cli import main
+
+    assert main(["run", "--compile", "--device", "cpu", "--requests", "1"]) == 2
+    assert "--compile is for a CUDA GPU" in capsys.readouterr().err
