@@ -156,7 +156,7 @@ def test_a_step_never_waits_for_a_value(layout):
 
 
 def test_compile_on_a_cpu_is_a_clear_error(capsys):
-    """--compile is off by default; asked for on a CPU it says why it is not used there, before loading anything."""
+    """--compile is off by default; asked for on a CPU, it says why it is not used there and stops."""
     from minillm.cli import main
 
     assert main(["run", "--compile", "--device", "cpu", "--requests", "1"]) == 2
