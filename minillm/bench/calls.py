@@ -40,8 +40,20 @@ BEFORE_KINDS = {"matmul": 29, "norm": 54, "rope": 72, "attention": 48, "kv cache
                 "index": 3, "cat/split": 0, "elementwise": 16, "other": 0}  # fmt: skip
 BEFORE = [{"batch": 1, "calls": 317, "by_kind": BEFORE_KINDS, "step_s": 2.8e-3},
           {"batch": 64, "calls": 317, "by_kind": BEFORE_KINDS, "step_s": 9.1e-3}]  # fmt: skip
-# After each of issue 22's changes: (change, calls at batch 1, step at batch 1 and 64 in ms: medians on a busy machine).
-LADDER: list[tuple[str, int, float, float]] = []
+# After each of issue 22's changes, one commit each: (change, calls per decode step, then the step's thread CPU time
+# in ms at batch 1 and 64, the median of 8 runs interleaved with the other commits on the shared 2-core machine while
+# four other jobs ran: differences under about 10% are noise there; the calls are exact).
+LADDER = [
+    ("before (d00fce6)", 317, 3.65, 14.89),
+    ("RMSNorm in one call (F.rms_norm)", 272, 3.55, 16.18),
+    ("q, k, v in one matmul (qkv_proj)", 260, 3.41, 15.17),
+    ("gate and up in one matmul (gate_up_proj)", 260, 3.50, 15.55),
+    ("RoPE once for q and k, tables gathered once per step", 208, 3.50, 15.19),
+    ("the step planned once (StepPlan), no host syncs", 148, 3.32, 14.76),
+    ("paged_gather by index_select, masks in sdpa's form", 157, 3.25, 13.33),
+    ("decode attention with query heads folded per kv head", 157, 3.02, 13.57),
+    ("rectangles skip regrouping; one index per cache read", 154, 3.27, 11.26),
+]
 
 
 def call_kind(caller: str, op: str) -> str:
@@ -108,9 +120,10 @@ def markdown(r: dict) -> list[str]:
     if r["ladder"]:
         lines += [
             "",
-            "What each change removed (step times: medians at each commit, on a shared machine):",
+            "What each change removed, one commit each (step: thread CPU time, medians of 8 runs on the shared machine, "
+            "recorded in bench/calls.py; differences under about 10% are noise there):",
             "",
-            "| change | calls, batch 1 | step, batch 1 (ms) | step, batch 64 (ms) |",
+            "| change | calls | step CPU, batch 1 (ms) | step CPU, batch 64 (ms) |",
             "|---|---:|---:|---:|",
         ]
         lines += [f"| {change} | {calls} | {one:.2f} | {many:.2f} |" for change, calls, one, many in r["ladder"]]
