@@ -120,8 +120,8 @@ def markdown(r: dict) -> list[str]:
     if r["ladder"]:
         lines += [
             "",
-            "What each change removed, one commit each (step: thread CPU time, medians of 8 runs on the shared machine, "
-            "recorded in bench/calls.py; differences under about 10% are noise there):",
+            "What each change removed, one commit each (step: thread CPU time, medians of 8 runs on the shared "
+            "machine, recorded in bench/calls.py; differences under about 10% are noise there):",
             "",
             "| change | calls | step CPU, batch 1 (ms) | step CPU, batch 64 (ms) |",
             "|---|---:|---:|---:|",
