@@ -161,3 +161,27 @@ def test_compile_on_a_cpu_is_a_clear_error(capsys):
 
     assert main(["run", "--compile", "--device", "cpu", "--requests", "1"]) == 2
     assert "--compile is for a CUDA GPU" in capsys.readouterr().err
+
+
+def test_a_decode_step_calls_sorted_by_kind():
+    """One call per RMSNorm, four matmuls per layer (qkv, o, gate_up, down) and the head; every call has a kind."""
+    from minillm.bench.calls import calls_by_kind
+    from minillm.card.calibrate import count_torch_calls
+
+    model = random_model("mqa")
+    with torch.no_grad():
+        kinds, total = calls_by_kind(decode_step(model, 2)), count_torch_calls(decode_step(model, 2))
+    layers = model.cfg.n_layers
+    assert kinds["norm"] == 2 * layers + 1 and kinds["matmul"] == 4 * layers + 1
+    assert sum(kinds.values()) == total and kinds["other"] == 0
+
+
+def test_the_transformers_comparison_says_how_to_run_it(monkeypatch):
+    """transformers is not a dependency: without it the bench entry measures nothing and says what to install."""
+    import sys
+
+    from minillm.bench.common import BenchSettings
+    from minillm.bench.versus import SKIPPED, bench_vs_transformers
+
+    monkeypatch.setitem(sys.modules, "transformers", None)  # as if not installed: importing it fails
+    assert bench_vs_transformers(random_model("gqa"), BenchSettings(quick=True)) == {"skipped": SKIPPED}
