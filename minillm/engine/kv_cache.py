@@ -11,7 +11,7 @@ bookkeeping alone (the allocator and what a scheduler may ask) without any tenso
 simulated card needs, whose pool would be gigabytes.
 
 Both follow one protocol, used by the engine and the model's attention layers:
-    positions = cache.prepare(seats, num_new)   # before a forward: who, and how many new tokens
+    positions = cache.prepare(seats, num_new)   # before a forward: who, how many new tokens (the step's plan)
     out = cache.attend(layer, q, k, v)          # inside it: store this step's k/v, attend over all
     cache.free(seat)                            # the sequence left: its memory is reusable
 `num_new` is one number (every row runs as many tokens: a (B, T) rectangle) or one per row
