@@ -18,7 +18,7 @@ PACKAGE = Path(__file__).resolve().parent.parent / "minillm"
 FLOORS = {"errors": 0, "config": 0.5, "model": 1, "engine": 2, "training": 3, "card": 3, "runs": 4, "serving": 5,
           "bench": 6, "cli": 7, "__main__": 8, "__init__": 8}  # fmt: skip
 CORE = ("engine", "model")
-CORE_MAX_LINES = 1_900
+CORE_MAX_LINES = 1_915  # 1,900, plus issue 22's fused weights: files keep Llama's layout (checkpoint.py converts)
 FILE_MAX_LINES = 300
 
 

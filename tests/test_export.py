@@ -2,6 +2,7 @@
 
 import json
 
+import pytest
 import torch
 from safetensors import safe_open
 
@@ -41,3 +42,14 @@ def test_export_names_shapes_and_round_trip(tmp_path):
     tokens = torch.randint(0, 256, (2, 17))
     with torch.no_grad():
         torch.testing.assert_close(import_llama(tmp_path)(tokens), model(tokens))
+
+
+def test_transformers_reads_the_export_with_the_same_logits(tmp_path):
+    """The export is the standard layout for real: Hugging Face's own Llama computes our logits (when installed)."""
+    transformers = pytest.importorskip("transformers", reason="transformers is not a minillm dependency")
+    model = random_model("gqa")
+    export_llama(model, tmp_path)
+    theirs = transformers.LlamaForCausalLM.from_pretrained(tmp_path, dtype=torch.float32).eval()
+    tokens = torch.randint(0, 256, (2, 17))
+    with torch.no_grad():
+        torch.testing.assert_close(theirs(tokens).logits, model(tokens), rtol=1e-4, atol=1e-5)

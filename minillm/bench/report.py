@@ -171,6 +171,14 @@ def markdown(results: dict, command: str, plot_dir: str | None = None) -> str:
         ]
         img("two_by_two")
     lines += scheduling.markdown(results, img)
+    if "calls" in results:
+        from minillm.bench.calls import markdown as calls_markdown
+
+        lines += calls_markdown(results["calls"])
+    if "vs_transformers" in results:
+        from minillm.bench.versus import markdown as versus_markdown
+
+        lines += versus_markdown(results["vs_transformers"])
     if "server" in results:
         from minillm.bench.server import markdown as server_markdown
 

@@ -10,9 +10,11 @@ from __future__ import annotations
 import time
 
 from minillm.bench import claims
+from minillm.bench.calls import bench_calls
 from minillm.bench.common import BenchSettings, machine_description
 from minillm.bench.scheduling import BENCHES as SCHEDULING_BENCHES
 from minillm.bench.server import bench_server
+from minillm.bench.versus import bench_vs_transformers
 from minillm.model.transformer import Transformer
 
 BENCHES = (
@@ -25,7 +27,7 @@ BENCHES = (
         "two_by_two": claims.bench_two_by_two,
     }
     | SCHEDULING_BENCHES
-    | {"server": bench_server}
+    | {"calls": bench_calls, "vs_transformers": bench_vs_transformers, "server": bench_server}
 )
 
 

@@ -24,7 +24,9 @@ import json
 import os
 import platform
 import statistics
+import sys
 import time
+from collections import Counter
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -140,19 +142,31 @@ def measure_op_mix_cost(device: torch.device, ops: int, repeats: int) -> float:
 def count_torch_calls(fn) -> int:
     """Torch calls from Python while fn() runs (counted, not timed), the unit the fixed cost per op is
     priced in. Attribute reads (.shape, .device) are free and not counted."""
+    return sum(torch_calls(fn).values())
+
+
+def torch_calls(fn) -> Counter:
+    """count_torch_calls, itemized: {(caller, op): calls}, where caller is the innermost function outside
+    torch that made the call (e.g. 'RMSNorm.forward', 'Attention.forward' for its nn.Linear) and op the
+    torch function's name ('linear', 'mul', '__getitem__')."""
     from torch.overrides import TorchFunctionMode
 
-    class Count(TorchFunctionMode):
-        calls = 0
+    torch_dir = str(Path(torch.__file__).parent)
+    calls: Counter = Counter()
 
+    class Count(TorchFunctionMode):
         def __torch_function__(self, func, types, args=(), kwargs=None):
-            if getattr(func, "__name__", "") != "__get__":
-                Count.calls += 1
+            op = getattr(func, "__name__", "")
+            if op != "__get__":
+                frame = sys._getframe(1)
+                while frame is not None and frame.f_code.co_filename.startswith(torch_dir):
+                    frame = frame.f_back  # (an nn.Linear's forward is torch's: name who called the module)
+                calls[(frame.f_code.co_qualname if frame else "?", op)] += 1
             return func(*args, **(kwargs or {}))
 
     with Count():
         fn()
-    return Count.calls
+    return calls
 
 
 def memory_bytes(device: torch.device) -> int:

@@ -5,7 +5,7 @@ from __future__ import annotations
 import argparse
 import time
 
-from minillm.cli.args import load_model_from, model_args, non_negative_int, positive_float, positive_int
+from minillm.cli.args import compile_arg, load_model_from, model_args, non_negative_int, positive_float, positive_int
 from minillm.errors import ConfigError
 
 
@@ -80,14 +80,14 @@ def cmd_bench(args: argparse.Namespace) -> None:
     from minillm.bench.common import BenchSettings
     from minillm.bench.report import markdown, plot_all
     from minillm.bench.suite import BENCHES, run_benchmarks
-    from minillm.model.checkpoint import load_model
 
     unknown = set(args.only or []) - set(BENCHES)
     if unknown:
         raise ConfigError(f"unknown benchmark(s) {sorted(unknown)}; choose from {', '.join(BENCHES)}")
-    model = load_model(args.checkpoint, args.device)
+    model = load_model_from(args)
     results = run_benchmarks(model, BenchSettings(quick=args.quick), args.only, progress=not args.json)
     command = "python -m minillm bench" + " --quick" * args.quick + f" --device {args.device}" * (args.device != "auto")
+    command += " --compile" * args.compile
     if args.out:
         out = Path(args.out)
         plot_all(results, out)
@@ -155,6 +155,7 @@ def add_commands(sub) -> None:
     p.add_argument("--trace", default=None, help="write the trace JSON here")
     p.add_argument("--json", action="store_true", help="print one JSON object instead of the summary")
     model_args(p)
+    compile_arg(p)
     p.set_defaults(func=cmd_run)
 
     p = sub.add_parser("bench", help="measure every claim of the lessons on this machine")
@@ -164,4 +165,5 @@ def add_commands(sub) -> None:
     p.add_argument("--markdown", default=None, help="also write a Markdown report here (e.g. BENCHMARKS.md)")
     p.add_argument("--json", action="store_true", help="print the results as one JSON object")
     model_args(p)
+    compile_arg(p)
     p.set_defaults(func=cmd_bench)

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import argparse
 
-from minillm.cli.args import load_model_from, model_args, non_negative_int, positive_float, positive_int
+from minillm.cli.args import compile_arg, load_model_from, model_args, non_negative_int, positive_float, positive_int
 from minillm.errors import ConfigError
 
 
@@ -90,6 +90,7 @@ def add_commands(sub) -> None:
                    help="send tokens once this many piled up (the first at once): less work per token")  # fmt: skip
     p.add_argument("--model-name", default="minillm", help="the model name clients send and /v1/models lists")
     model_args(p)
+    compile_arg(p)
     p.set_defaults(func=cmd_serve)
 
     p = sub.add_parser("load", help="send a workload to any OpenAI-compatible server and time it from the client")

@@ -11,7 +11,7 @@ bookkeeping alone (the allocator and what a scheduler may ask) without any tenso
 simulated card needs, whose pool would be gigabytes.
 
 Both follow one protocol, used by the engine and the model's attention layers:
-    positions = cache.prepare(seats, num_new)   # before a forward: who, and how many new tokens
+    positions = cache.prepare(seats, num_new)   # before a forward: who, how many new tokens (the step's plan)
     out = cache.attend(layer, q, k, v)          # inside it: store this step's k/v, attend over all
     cache.free(seat)                            # the sequence left: its memory is reusable
 `num_new` is one number (every row runs as many tokens: a (B, T) rectangle) or one per row
@@ -23,7 +23,7 @@ from __future__ import annotations
 import torch
 
 from minillm.config import ModelConfig
-from minillm.engine.packing import RaggedRows
+from minillm.engine.packing import StepPlan
 from minillm.engine.paged_books import PagedKVBooks, row_counts
 from minillm.errors import InputError
 from minillm.model.attention import paged_gather
@@ -52,11 +52,10 @@ class ContiguousKVCache:
         self.k = torch.zeros(shape, device=device, dtype=dtype)  # (L, seats, max_len, Hkv, D)
         self.v = torch.zeros(shape, device=device, dtype=dtype)
         self.lengths = [0] * num_seats  # tokens stored per seat
-        self._rows: RaggedRows | None = None
-        self._seats: torch.Tensor | None = None  # (R,) seat of each row
+        self.plan: StepPlan | None = None
 
     def prepare(self, seats: list[int], num_new: int | list[int], padding_rows: int = 0) -> torch.Tensor:
-        """Make room for each seat's new tokens after what it stores. Returns their positions:
+        """Make room for each seat's new tokens after what it stores; plan the step. Returns their positions:
         (B, T) when num_new is one number, else (1, N) with the rows laid end to end."""
         counts = row_counts(seats, num_new)
         for seat, n in zip(seats, counts):
@@ -68,19 +67,19 @@ class ContiguousKVCache:
         starts = [self.lengths[s] for s in seats]
         for seat, n in zip(seats, counts):
             self.lengths[seat] += n
-        rectangle = isinstance(num_new, int) and not padding_rows
-        self._rows = RaggedRows(starts, counts, padding_rows, rectangle, self.k.device)
-        self._seats = torch.tensor([seats[i] for i in self._rows.copy_of], device=self.k.device)
-        return self._rows.positions.view(self._rows.shape)
+        span = max(start + n for start, n in zip(starts, counts))  # the longest context: keys each row reads
+        plan = self.plan = StepPlan(seats, starts, num_new, padding_rows, span, self.k.device)
+        seat_of_token = torch.tensor([plan.seats[r] for r in plan.row_of_token], device=self.k.device)
+        plan.write_at = (seat_of_token.view(plan.shape), plan.positions)  # (B, T) each: (seat, position) of a token
+        for group in plan.groups:
+            group.keys = torch.tensor([plan.seats[r] for r in group.rows], device=self.k.device)  # (G,) its seats
+        return plan.positions
 
     def attend(self, layer: int, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> torch.Tensor:
         """q (B, T, H, D); k, v (B, T, Hkv, D) for the new tokens. Returns (B, T, H, D)."""
-        rows, k_rows, v_rows = self._rows, self.k[layer], self.v[layer]  # (seats, max_len, Hkv, D)
-        k_rows[self._seats[rows.row_of_token], rows.positions] = k.flatten(0, 1)  # each new token at (seat, position)
-        v_rows[self._seats[rows.row_of_token], rows.positions] = v.flatten(0, 1)
-        span = int(rows.positions.max()) + 1  # longest context in this batch
-        keys_of = lambda group: (k_rows[self._seats[group], :span], v_rows[self._seats[group], :span])
-        return rows.attend_by_group(q.flatten(0, 1), keys_of, lambda keys: span).view(q.shape)
+        plan, span = self.plan, self.plan.num_keys  # self.k, self.v: (L, seats, max_len, Hkv, D)
+        self.k[(layer, *plan.write_at)], self.v[(layer, *plan.write_at)] = k, v  # each new token at (seat, position)
+        return plan.attend(q, lambda group: (self.k[layer, group.keys, :span], self.v[layer, group.keys, :span]))
 
     def free(self, seat: int) -> None:
         """Forget a seat's tokens. Its row stays reserved: that is the contiguous layout's cost."""
@@ -167,36 +166,33 @@ class PagedKVCache(PagedKVBooks):
         shape = (cfg.n_layers, num_blocks, block_size, cfg.n_kv_heads, cfg.head_dim)
         self.k = torch.zeros(shape, device=device, dtype=dtype)  # (L, num_blocks, block_size, Hkv, D)
         self.v = torch.zeros(shape, device=device, dtype=dtype)
-        self._rows: RaggedRows | None = None
-        self._slot_mapping: torch.Tensor | None = None  # (N,) flat pool slot of each new token
-        self._block_tables: torch.Tensor | None = None  # (R, max_blocks) one table per row
+        self.layers = [(self.k[i], self.v[i]) for i in range(cfg.n_layers)]  # views: (num_blocks, block_size, Hkv, D)
+        self.k_slots, self.v_slots = self.k.flatten(1, 2), self.v.flatten(1, 2)  # (L, slots, Hkv, D): where writes go
+        self.plan: StepPlan | None = None
 
     def prepare(self, seats: list[int], num_new: int | list[int], padding_rows: int = 0) -> torch.Tensor:
-        """Give each seat blocks for its new tokens; build block tables and the slot mapping. Returns the
+        """Give each seat blocks for its new tokens; plan the step: block tables, slot mapping, masks. Returns the
         new tokens' positions: (B, T) when num_new is one number, else (1, N) with the rows laid end to end."""
         starts = super().prepare(seats, num_new, padding_rows)
-        device, rectangle = self.k.device, isinstance(num_new, int) and not padding_rows
-        rows = self._rows = RaggedRows(starts, row_counts(seats, num_new), padding_rows, rectangle, device)
-        tables = [self.allocator.tables[seats[i]] for i in rows.copy_of]
-        width = max(len(t) for t in tables)
-        padded = [t + [0] * (width - len(t)) for t in tables]  # pad with any valid id: masked anyway
-        self._block_tables = torch.tensor(padded, device=device)  # (R, max_blocks)
-        if rectangle:
-            positions = rows.positions.view(rows.shape)  # (B, T)
-            self._slot_mapping = slot_mapping(self._block_tables, positions, self.block_size)
-        else:  # one table row per token
-            per_token = self._block_tables[rows.row_of_token]  # (N, max_blocks)
-            self._slot_mapping = slot_mapping(per_token, rows.positions[:, None], self.block_size)
-        return rows.positions.view(rows.shape)
+        width = max(len(self.allocator.tables[seat]) for seat in seats)  # blocks of the longest row
+        plan = self.plan = StepPlan(seats, starts, num_new, padding_rows, width * self.block_size, self.k.device)
+        tables = [self.allocator.tables[seat] for seat in plan.seats]  # each padded to `width` with block 0: masked
+        padded = torch.tensor([t + [0] * (width - len(t)) for t in tables], device=self.k.device)  # (R, max_blocks)
+        if plan.rectangle:  # T positions on each row's table
+            slots = slot_mapping(padded, plan.positions, self.block_size)
+        else:  # one position on each token's table
+            token_tables = padded[torch.tensor(plan.row_of_token, device=self.k.device)]  # (N, max_blocks)
+            slots = slot_mapping(token_tables, plan.positions.view(-1, 1), self.block_size)
+        plan.write_at = slots.view(plan.shape)  # (B, T): each new token's flat slot in the pool
+        for group in plan.groups:
+            group.keys = padded[group.rows]  # (G, max_blocks): the blocks its rows read
+        return plan.positions
 
     def attend(self, layer: int, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> torch.Tensor:
         """q (B, T, H, D); k, v (B, T, Hkv, D) for the new tokens. Returns (B, T, H, D)."""
-        k_pool, v_pool = self.k[layer], self.v[layer]  # (num_blocks, block_size, Hkv, D)
-        k_pool.view(-1, *k_pool.shape[2:])[self._slot_mapping] = k.flatten(0, 1)  # scatter into slots
-        v_pool.view(-1, *v_pool.shape[2:])[self._slot_mapping] = v.flatten(0, 1)
-        tables = self._block_tables
-        keys_of = lambda group: (paged_gather(k_pool, tables[group]), paged_gather(v_pool, tables[group]))
-        return self._rows.attend_by_group(q.flatten(0, 1), keys_of, lambda keys: keys.shape[1]).view(q.shape)
+        (k_pool, v_pool), slots = self.layers[layer], self.plan.write_at  # (num_blocks, block_size, Hkv, D); (B, T)
+        self.k_slots[layer, slots], self.v_slots[layer, slots] = k, v  # each new token into its slot
+        return self.plan.attend(q, lambda group: (paged_gather(k_pool, group.keys), paged_gather(v_pool, group.keys)))
 
 
 def kv_waste(cache: ContiguousKVCache | PagedKVBooks) -> float:

@@ -18,6 +18,7 @@ sequence (decode rows, and a prompt's last chunk) produce a token this step.
 
 from __future__ import annotations
 
+import itertools
 from dataclasses import dataclass, field
 
 import torch
@@ -77,15 +78,15 @@ class RowGroup:
     rows: list[int]  # row numbers (padding rows continue the numbering after the real rows)
     length: int  # T: tokens per row
     token_index: list[int] | None  # flat indices of the group's tokens, row after row; None: the whole batch in order
+    mask: torch.Tensor | None = None  # (G, T, S) set by a StepPlan, added to the scores: 0 may see a key, -inf not
+    index: torch.Tensor | None = None  # token_index as a tensor (StepPlan)
+    keys: torch.Tensor | None = None  # where its rows' keys live, set by the cache (block tables, or seats)
 
 
 def row_groups(counts: list[int], padding_rows: int = 0) -> list[RowGroup]:
     """Group rows by length. Padding rows are copies of a 1-token row and join the 1-token group."""
     counts = counts + [1] * padding_rows
-    starts, total = [], 0
-    for n in counts:
-        starts.append(total)
-        total += n
+    starts = [0, *itertools.accumulate(counts)]  # where each row's tokens begin
     by_length: dict[int, list[int]] = {}
     for row, n in enumerate(counts):
         by_length.setdefault(n, []).append(row)
@@ -98,41 +99,41 @@ def row_groups(counts: list[int], padding_rows: int = 0) -> list[RowGroup]:
     ]
 
 
-class RaggedRows:
-    """The rows of one forward as a cache sees them: positions of every new token, and the groups that attend.
+class StepPlan:
+    """One forward's rows as a cache sees them, computed once per step in Python and reused by every layer (no
+    layer recomputes it, none waits for a tensor's value): each row's seat, the new tokens' positions and rows,
+    and the groups that attend together, with masks over `num_keys` keys. Padding rows copy the first 1-token
+    row. The forward is (B, T) when num_new is one number (padding only with T = 1), else (1, N)."""
 
-    rows_by_token gives, per token, the row it belongs to; each group's `rows` index per-row tensors
-    (seats, block tables) and its `positions` are (G, T). Padding rows copy the first 1-token row."""
-
-    def __init__(self, starts: list[int], counts: list[int], padding_rows: int, rectangle: bool, device):
-        self.copy_of = list(range(len(starts)))  # row -> the row whose seat it uses (itself, or the one padding copies)
+    def __init__(self, seats: list[int], starts: list[int], num_new: int | list[int], padding_rows: int, num_keys: int,
+                 device):  # fmt: skip
+        counts = [num_new] * len(seats) if isinstance(num_new, int) else list(num_new)
+        self.rectangle = isinstance(num_new, int) and (num_new == 1 or not padding_rows)
         if padding_rows:
             first = counts.index(1)
-            starts, counts = starts + [starts[first]] * padding_rows, counts + [1] * padding_rows
-            self.copy_of += [first] * padding_rows
+            seats, starts = seats + [seats[first]] * padding_rows, starts + [starts[first]] * padding_rows
+            counts = counts + [1] * padding_rows
         flat = [start + t for start, n in zip(starts, counts) for t in range(n)]
-        self.positions = torch.tensor(flat, device=device)  # (N,)
-        self.rectangle = rectangle  # (B, T) in, (B, T) out
-        self.shape = (len(counts), counts[0]) if rectangle else (1, len(flat))
-        self.row_of_token = torch.repeat_interleave(
-            torch.arange(len(counts), device=device), torch.tensor(counts, device=device)
-        )
-        self.groups = []  # (token index (G*T,) or None, rows (G,), positions (G, T))
-        for g in row_groups(counts):
-            index = None if g.token_index is None else torch.tensor(g.token_index, device=device)
-            positions = self.positions if index is None else self.positions[index]
-            self.groups.append((index, torch.tensor(g.rows, device=device), positions.view(len(g.rows), g.length)))
-
-    def attend_by_group(self, q: torch.Tensor, keys_of, mask_width) -> torch.Tensor:
-        """Attention for every group. q (N, H, D); keys_of(rows) -> keys, values (G, S, Hkv, D). Returns (N, H, D)."""
-        out = q if len(self.groups) == 1 else torch.empty_like(q)
-        for index, rows, positions in self.groups:
-            G, T = positions.shape
-            q_group = (q if index is None else q[index]).view(G, T, *q.shape[1:])  # (G, T, H, D)
-            keys, values = keys_of(rows)
-            result = attend(q_group, keys, values, visible_mask(positions, mask_width(keys))).flatten(0, 1)
-            if index is None:
-                out = result
+        self.shape = (len(counts), counts[0]) if self.rectangle else (1, len(flat))
+        self.seats, self.num_keys, self.groups = seats, num_keys, row_groups(counts)  # (R,) each row's seat
+        self.positions = torch.tensor(flat, device=device).view(self.shape)  # (B, T): the forward's shape
+        self.row_of_token = [row for row, n in enumerate(counts) for _ in range(n)]  # (N,)
+        self.write_at = None  # set by the cache: where each new token's key and value go, an index shaped (B, T)
+        for g in self.groups:
+            shape = (len(g.rows), g.length)
+            if g.token_index is None:  # the whole batch, in order
+                positions = self.positions.view(shape)
             else:
-                out[index] = result
-        return out
+                positions = torch.tensor([flat[i] for i in g.token_index], device=device).view(shape)
+            g.mask = torch.where(visible_mask(positions, num_keys), 0.0, float("-inf"))  # sdpa's form: not per layer
+            g.index = None if g.token_index is None else torch.tensor(g.token_index, device=device)
+
+    def attend(self, q: torch.Tensor, keys_of) -> torch.Tensor:
+        """Every group attends over its rows' keys: keys_of(group) -> keys, values (G, S, Hkv, D). q (B, T, H, D)."""
+        if self.rectangle:  # one group: the whole batch as it is
+            return attend(q, *keys_of(self.groups[0]), self.groups[0].mask)
+        flat, out = q.flatten(0, 1), torch.empty_like(q).flatten(0, 1)  # (N, H, D)
+        for g in self.groups:
+            q_group = (flat if g.index is None else flat[g.index]).unflatten(0, (-1, g.length))  # (G, T, H, D)
+            out[slice(None) if g.index is None else g.index] = attend(q_group, *keys_of(g), g.mask).flatten(0, 1)
+        return out.view(q.shape)

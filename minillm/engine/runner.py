@@ -60,8 +60,9 @@ class ModelRunner:
     @torch.no_grad()
     def run(self, batch: Batch, cache: ContiguousKVCache | PagedKVCache) -> list[int]:
         """One forward over the batch; returns the next token of each row that samples, in row order."""
-        positions = cache.prepare(batch.seats, batch.counts, batch.padding_rows)  # (1, N)
-        tokens = torch.tensor([batch.token_ids], device=self.device)  # (1, N)
+        same = len(set(batch.counts)) == 1  # every row runs T tokens: a (B, T) rectangle, attending as one group
+        positions = cache.prepare(batch.seats, batch.counts[0] if same else batch.counts, batch.padding_rows)
+        tokens = torch.tensor(batch.token_ids, device=self.device).view(positions.shape)  # (B, T), else (1, N)
         sampled = [i for i, s in enumerate(batch.samples) if s]
         last = torch.tensor([batch.last_index[i] for i in sampled], dtype=torch.long, device=self.device)  # (R,)
         logits = self.model(tokens, positions, cache, logits_at=last)  # (R, V)

@@ -36,15 +36,16 @@ def reference_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, mask:
 
 
 def attend(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, mask: torch.Tensor | None) -> torch.Tensor:
-    """Fused attention with the same contract as `reference_attention`. Returns (B, T, H, D)."""
-    out = F.scaled_dot_product_attention(
-        q.transpose(1, 2),  # (B, H, T, D)
-        k.transpose(1, 2),  # (B, Hkv, S, D)
-        v.transpose(1, 2),
-        attn_mask=None if mask is None else mask[:, None],  # (B, 1, T, S)
-        is_causal=mask is None,
-        enable_gqa=k.shape[2] != q.shape[2],
-    )
+    """Fused attention with the same contract as `reference_attention`. Returns (B, T, H, D). The mask may also be
+    float, added to the scores (0: may look, -inf: may not), as a step plan builds it once for every layer."""
+    (B, T, H, D), Hkv = q.shape, k.shape[2]
+    k, v = k.transpose(1, 2), v.transpose(1, 2)  # (B, Hkv, S, D)
+    if T == 1 and mask is not None:  # decode: each kv head's H / Hkv query heads become its rows, so its keys are
+        # read once, not once per query head (as decode kernels do; 2x faster here from 16 rows). mask (B, 1, 1, S)
+        return F.scaled_dot_product_attention(q.view(B, Hkv, H // Hkv, D), k, v, attn_mask=mask[:, None]).view(q.shape)
+    mask = None if mask is None else mask[:, None]  # (B, 1, T, S)
+    out = F.scaled_dot_product_attention(q.transpose(1, 2), k, v, attn_mask=mask, is_causal=mask is None,
+                                         enable_gqa=Hkv != H)  # (B, H, T, D)  # fmt: skip
     return out.transpose(1, 2)  # (B, T, H, D)
 
 
@@ -67,4 +68,5 @@ def paged_gather(pool: torch.Tensor, block_tables: torch.Tensor) -> torch.Tensor
     """
     B, max_blocks = block_tables.shape
     _, block_size, Hkv, D = pool.shape
-    return pool[block_tables].reshape(B, max_blocks * block_size, Hkv, D)
+    # pool[block_tables] written as index_select, which copies whole blocks: 5x faster on a CPU at 64 rows
+    return pool.index_select(0, block_tables.flatten()).view(B, max_blocks * block_size, Hkv, D)

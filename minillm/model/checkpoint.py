@@ -1,12 +1,14 @@
 """Save and load the model as safetensors (no pickle: loading a file never runs code from it).
 
-The model's config travels inside the file's metadata, so one file is the whole model.
-Weights are stored in float16 (half the size: the shipped file stays under 10 MB) and
-loaded back as float32; the held-out accuracy in the metadata is measured after that round trip.
+The model's config travels inside the file's metadata, so one file is the whole model, in Llama's layout (the
+model's fused qkv_proj is saved as q_proj, k_proj, v_proj). Weights are stored in float16 (half the size: the
+shipped file stays under 10 MB) and loaded back as float32; the held-out accuracy in the metadata is measured
+after that round trip.
 """
 
 from __future__ import annotations
 
+import itertools
 import json
 from pathlib import Path
 
@@ -34,12 +36,41 @@ def resolve_device(name: str = "auto") -> torch.device:
     return torch.device(name)
 
 
+# Matrices the model runs as one matmul (transformer.py) -> Llama's, stacked by rows in this order.
+FUSED = {"self_attn.qkv_proj": ("self_attn.q_proj", "self_attn.k_proj", "self_attn.v_proj"),
+         "mlp.gate_up_proj": ("mlp.gate_proj", "mlp.up_proj")}  # fmt: skip
+
+
+def llama_layout(state: dict[str, torch.Tensor], cfg: ModelConfig) -> dict[str, torch.Tensor]:
+    """The model's state dict under Llama's names: each fused matrix cut back into its parts."""
+    kv = cfg.n_kv_heads * cfg.head_dim
+    rows = {"self_attn.qkv_proj": [cfg.n_heads * cfg.head_dim, kv, kv], "mlp.gate_up_proj": [cfg.ffn_dim] * 2}
+    out = {}
+    for name, t in state.items():
+        fused = next((f for f in FUSED if f".{f}." in name), None)
+        if fused is None:
+            out[name] = t
+        else:  # layers.0.self_attn.qkv_proj.weight -> layers.0.self_attn.q_proj.weight, ...k_proj..., ...v_proj...
+            out |= {name.replace(fused, part): piece for part, piece in zip(FUSED[fused], t.split(rows[fused]))}
+    return out
+
+
+def fused_layout(tensors: dict[str, torch.Tensor], cfg: ModelConfig) -> dict[str, torch.Tensor]:
+    """Llama's names -> the model's: each layer's parts stacked into their fused matrix."""
+    out = dict(tensors)
+    for layer, (fused, parts) in itertools.product(range(cfg.n_layers), FUSED.items()):
+        stacked = [out.pop(f"layers.{layer}.{part}.weight") for part in parts]  # KeyError: the file lacks a part
+        out[f"layers.{layer}.{fused}.weight"] = torch.cat(stacked)
+    return out
+
+
 def save_checkpoint(model: Transformer, path: str | Path, extra: dict | None = None) -> None:
     path = Path(path)
     path.parent.mkdir(parents=True, exist_ok=True)
     metadata = {"format": "minillm", "config": json.dumps(model.cfg.to_dict())}
     metadata.update({k: json.dumps(v) for k, v in (extra or {}).items()})
-    tensors = {name: t.detach().to(STORAGE_DTYPE).contiguous().cpu() for name, t in model.state_dict().items()}
+    weights = llama_layout(model.state_dict(), model.cfg)
+    tensors = {name: t.detach().to(STORAGE_DTYPE).contiguous().cpu() for name, t in weights.items()}
     save_file(tensors, str(path), metadata=metadata)
 
 
@@ -58,8 +89,8 @@ def load_model(path: str | Path | None = None, device: str | torch.device = "aut
         raise CheckpointError(f"checkpoint {path} is unreadable or corrupt ({e}); {RETRAIN_HINT}") from None
     model = Transformer(cfg)
     try:
-        model.load_state_dict(tensors, strict=True)
-    except RuntimeError as e:
+        model.load_state_dict(fused_layout(tensors, cfg), strict=True)
+    except (RuntimeError, KeyError) as e:
         first = str(e).splitlines()[0]
         raise CheckpointError(f"checkpoint {path} does not match the model ({first}); {RETRAIN_HINT}") from None
     return model.to(device).eval()

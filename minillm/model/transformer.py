@@ -3,7 +3,7 @@
 One forward serves every use: with `cache=None` it is the plain full-sequence model (the
 reference, and what training runs); with a KV cache it writes the new tokens' keys and
 values into the cache and attends over everything stored so far (prefill and decode).
-Module names follow Hugging Face's Llama so export is a renaming, not a conversion.
+Module names follow Hugging Face's Llama; qkv_proj and gate_up_proj stack its q/k/v and gate/up (checkpoint.py).
 """
 
 from __future__ import annotations
@@ -31,39 +31,39 @@ class RMSNorm(nn.Module):
         self.weight = nn.Parameter(torch.ones(dim))
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        return x * torch.rsqrt(x.pow(2).mean(-1, keepdim=True) + self.eps) * self.weight
+        # x * rsqrt(mean(x^2) + eps) * weight in one torch call (written out: 6 calls; 45 fewer per step)
+        return F.rms_norm(x, self.weight.shape, self.weight, self.eps)
 
 
 def rope_tables(head_dim: int, max_len: int, theta: float) -> tuple[torch.Tensor, torch.Tensor]:
-    """cos and sin tables (max_len, head_dim) for Llama's "rotate half" rotary embedding."""
+    """cos and sin tables (max_len, 1, D) for Llama's "rotate half" rotary embedding (1: broadcast over heads).
+    The sin table's first half is negated: apply_rope's roll then rotates without a neg and a cat."""
     inv_freq = 1.0 / theta ** (torch.arange(0, head_dim, 2, dtype=torch.float64) / head_dim)  # (D/2,)
     angles = torch.outer(torch.arange(max_len, dtype=torch.float64), inv_freq)  # (max_len, D/2)
-    angles = torch.cat([angles, angles], dim=-1)  # (max_len, D): both halves use the same angles
-    return angles.cos().float(), angles.sin().float()
+    cos, sin = angles.cos(), angles.sin()
+    cos, sin = torch.cat([cos, cos], dim=-1), torch.cat([-sin, sin], dim=-1)  # (max_len, D)
+    return cos.float()[:, None], sin.float()[:, None]
 
 
 def apply_rope(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
-    """Rotate pairs (x[i], x[i + D/2]) by a position-dependent angle. x (B, T, H, D); cos, sin (B, T, D)."""
-    half = x.shape[-1] // 2
-    rotated = torch.cat([-x[..., half:], x[..., :half]], dim=-1)
-    return x * cos[:, :, None, :] + rotated * sin[:, :, None, :]
+    """Rotate pairs (x[i], x[i + D/2]) by a position-dependent angle. x (B, T, H, D); cos, sin (B, T, 1, D).
+    Written out: x * cos + cat([-x2, x1]) * sin, x1 and x2 the halves of x; roll gives (x2, x1), sin the minus."""
+    return x * cos + x.roll(x.shape[-1] // 2, dims=-1) * sin
 
 
 class Attention(nn.Module):
     def __init__(self, cfg: ModelConfig, layer: int):
         super().__init__()
         self.layer, self.n_heads, self.n_kv_heads, self.head_dim = layer, cfg.n_heads, cfg.n_kv_heads, cfg.head_dim
-        self.q_proj = nn.Linear(cfg.dim, cfg.n_heads * cfg.head_dim, bias=False)
-        self.k_proj = nn.Linear(cfg.dim, cfg.n_kv_heads * cfg.head_dim, bias=False)
-        self.v_proj = nn.Linear(cfg.dim, cfg.n_kv_heads * cfg.head_dim, bias=False)
+        # q_proj, k_proj and v_proj stacked by rows: one matmul, not three (files keep the three: checkpoint.py)
+        self.qkv_proj = nn.Linear(cfg.dim, (cfg.n_heads + 2 * cfg.n_kv_heads) * cfg.head_dim, bias=False)
         self.o_proj = nn.Linear(cfg.n_heads * cfg.head_dim, cfg.dim, bias=False)
 
     def forward(self, x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, cache: KVCacheLike | None):
-        B, T, _ = x.shape
-        q = self.q_proj(x).view(B, T, self.n_heads, self.head_dim)  # (B, T, H, D)
-        k = self.k_proj(x).view(B, T, self.n_kv_heads, self.head_dim)  # (B, T, Hkv, D)
-        v = self.v_proj(x).view(B, T, self.n_kv_heads, self.head_dim)
-        q, k = apply_rope(q, cos, sin), apply_rope(k, cos, sin)
+        (B, T, _), H, Hkv = x.shape, self.n_heads, self.n_kv_heads
+        qkv = self.qkv_proj(x).view(B, T, H + 2 * Hkv, self.head_dim)  # (B, T, H + 2 Hkv, D)
+        qk, v = qkv.split([H + Hkv, Hkv], dim=2)  # q and k side by side (B, T, H + Hkv, D); v (B, T, Hkv, D)
+        q, k = apply_rope(qk, cos, sin).split([H, Hkv], dim=2)  # q and k rotated by the same 4 calls
         if cache is None:
             out = attend(q, k, v, mask=None)  # causal over this sequence alone
         else:
@@ -74,12 +74,12 @@ class Attention(nn.Module):
 class MLP(nn.Module):
     def __init__(self, cfg: ModelConfig):
         super().__init__()
-        self.gate_proj = nn.Linear(cfg.dim, cfg.ffn_dim, bias=False)
-        self.up_proj = nn.Linear(cfg.dim, cfg.ffn_dim, bias=False)
+        self.gate_up_proj = nn.Linear(cfg.dim, 2 * cfg.ffn_dim, bias=False)  # gate_proj and up_proj: one matmul
         self.down_proj = nn.Linear(cfg.ffn_dim, cfg.dim, bias=False)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        return self.down_proj(F.silu(self.gate_proj(x)) * self.up_proj(x))  # SwiGLU
+        gate, up = self.gate_up_proj(x).chunk(2, dim=-1)  # (..., ffn_dim) each
+        return self.down_proj(F.silu(gate) * up)  # SwiGLU
 
 
 class DecoderLayer(nn.Module):
@@ -104,7 +104,7 @@ class Transformer(nn.Module):
         self.norm = RMSNorm(cfg.dim, cfg.norm_eps)
         self.lm_head = nn.Linear(cfg.dim, cfg.vocab_size, bias=False)
         cos, sin = rope_tables(cfg.head_dim, cfg.max_seq_len, cfg.rope_theta)
-        self.register_buffer("rope_cos", cos, persistent=False)  # (max_seq_len, D)
+        self.register_buffer("rope_cos", cos, persistent=False)  # (max_seq_len, 1, D)
         self.register_buffer("rope_sin", sin, persistent=False)
         self.apply(self._init_weights)
 
@@ -128,7 +128,7 @@ class Transformer(nn.Module):
         if positions is None:
             positions = torch.arange(T, device=tokens.device).expand(B, T)
         x = self.embed_tokens(tokens)  # (B, T, dim)
-        cos, sin = self.rope_cos[positions], self.rope_sin[positions]  # (B, T, D)
+        cos, sin = self.rope_cos[positions], self.rope_sin[positions]  # (B, T, 1, D): once for every layer
         for layer in self.layers:
             x = layer(x, cos, sin, cache)
         if last_only:

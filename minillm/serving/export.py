@@ -1,8 +1,8 @@
 """Export to (and import from) the standard Llama checkpoint layout.
 
-Our module names already follow Hugging Face's LlamaForCausalLM, so export is a prefix
-("model.") plus a config.json with the usual field names. Any tool that reads Llama
-checkpoints can load the folder and compute the same logits.
+Our module names already follow Hugging Face's LlamaForCausalLM (checkpoint.llama_layout cuts the matrices the
+model fuses back into Llama's), so export is a prefix ("model.") plus a config.json with the usual field names.
+Any tool that reads Llama checkpoints can load the folder and compute the same logits.
 """
 
 from __future__ import annotations
@@ -14,6 +14,7 @@ from safetensors.torch import load_file, save_file
 
 from minillm.config import ModelConfig
 from minillm.errors import CheckpointError
+from minillm.model.checkpoint import fused_layout, llama_layout
 from minillm.model.tokenizer import BOS, EOS, PAD
 from minillm.model.transformer import Transformer
 
@@ -52,7 +53,8 @@ def export_llama(model: Transformer, out_dir: str | Path) -> Path:
     out = Path(out_dir)
     out.mkdir(parents=True, exist_ok=True)
     (out / "config.json").write_text(json.dumps(llama_config(model.cfg), indent=2) + "\n")
-    tensors = {llama_name(n): t.detach().contiguous().cpu() for n, t in model.state_dict().items()}
+    weights = llama_layout(model.state_dict(), model.cfg)
+    tensors = {llama_name(n): t.detach().contiguous().cpu() for n, t in weights.items()}
     save_file(tensors, str(out / "model.safetensors"), metadata={"format": "pt"})
     return out
 
@@ -77,9 +79,9 @@ def import_llama(folder: str | Path) -> Transformer:
         norm_eps=hf["rms_norm_eps"],
     )
     model = Transformer(cfg)
-    ours = {llama_name(n): n for n in model.state_dict()}
+    ours = {llama_name(n): n for n in llama_layout(model.state_dict(), cfg)}
     missing = set(ours) - set(tensors)
     if missing:
         raise CheckpointError(f"{folder} lacks tensors {sorted(missing)[:3]}...")
-    model.load_state_dict({ours[n]: t for n, t in tensors.items() if n in ours}, strict=True)
+    model.load_state_dict(fused_layout({ours[n]: t for n, t in tensors.items() if n in ours}, cfg), strict=True)
     return model.eval()
