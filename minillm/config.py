@@ -59,6 +59,9 @@ class ModelConfig:
         return cls(**data)
 
 
+MAX_SPECULATE = 16  # draft tokens per step: past a handful, a guess that far ahead is almost never right
+
+
 @dataclass(frozen=True)
 class EngineConfig:
     """How the engine serves: how many seats, which KV layout, how much KV memory."""
@@ -70,6 +73,8 @@ class EngineConfig:
     max_len: int = 1024  # longest prompt + reply one sequence may reach (the contiguous row length)
     prefix_caching: bool = False  # share full KV blocks between requests whose prompts start alike (paged only)
     record_blocks: bool = True  # record every request's block table at every step (the app's KV map; big on long runs)
+    speculate: int = 0  # draft tokens each greedy decoding request guesses per step, for the model to check; 0: off
+    drafter: str = "model"  # who guesses: "model" (a small draft model) or "ngram" (prompt lookup, no model)
     # check the KV books every step (slow: for tests and debugging); MINILLM_DEBUG=1 turns it on everywhere
     debug: bool = field(default_factory=lambda: os.environ.get("MINILLM_DEBUG", "0") not in ("", "0"))
 
@@ -84,6 +89,11 @@ class EngineConfig:
                 raise ConfigError(f"EngineConfig.{name} must be a positive integer, got {value!r}")
         if self.num_blocks is not None and (not isinstance(self.num_blocks, int) or self.num_blocks < 1):
             raise ConfigError(f"num_blocks must be a positive integer, got {self.num_blocks!r}")
+        if not isinstance(self.speculate, int) or not 0 <= self.speculate <= MAX_SPECULATE:
+            raise ConfigError(f"speculate must be a whole number of draft tokens from 0 (off) to {MAX_SPECULATE}, "
+                              f"got {self.speculate!r}")  # fmt: skip
+        if self.drafter not in ("model", "ngram"):
+            raise ConfigError(f"drafter must be 'model' (the draft model) or 'ngram' (prompt lookup), got {self.drafter!r}")
 
     @property
     def total_blocks(self) -> int:

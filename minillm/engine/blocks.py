@@ -188,6 +188,25 @@ class BlockAllocator:
         self.lengths.pop(seq, None)
         self.hashed.pop(seq, None)
 
+    def truncate(self, seq: int, num_tokens: int) -> None:
+        """Keep `seq`'s first `num_tokens` tokens and forget the rest (a draft's rejected guesses: speculate.py).
+        Blocks past the kept tokens return to the free list at once, last first. Only tokens past every keyed
+        block may go (a keyed block's tokens are someone's cached prefix): rejected guesses always are, since
+        blocks get keys only once their tokens are accepted."""
+        table, length = self.tables[seq], self.lengths[seq]
+        keyed = self.hashed.get(seq, (0, b""))[0] * self.block_size
+        if not keyed <= num_tokens <= length:
+            raise ValueError(f"sequence {seq} holds {length} tokens ({keyed} in keyed blocks): cannot keep {num_tokens}")
+        keep = self.blocks_for(num_tokens)
+        for block in reversed(table[keep:]):
+            self.ref_counts[block] -= 1
+            if self.ref_counts[block] == 0:
+                self.free_blocks[block] = None
+            else:
+                self.extra_holds -= 1
+        del table[keep:]
+        self.lengths[seq] = num_tokens
+
     # --- checks ------------------------------------------------------------------------------
     def check(self) -> None:
         """Raise AssertionError if any invariant is broken (used by the tests and the engine's debug mode)."""

@@ -3,13 +3,15 @@
 Every step:
   1. arrive    - requests whose arrival time has come join the waiting queue
   2. schedule  - the policy names requests to preempt and to admit, and how many tokens each
-                 seated request runs this step (scheduler.py)
+                 seated request runs this step (scheduler.py); with speculation on, each decoding
+                 request first guesses a few tokens ahead, which its row runs too (speculate.py)
   3. preempt   - free the victims' KV, send them back to the front of the queue
   4. admit     - each admitted request takes a free seat (and, with prefix caching, the KV
                  blocks of its prompt's start that are already cached)
   5. run       - every seated request with tokens to run is one row of ONE forward: decode rows
                  run 1 token, prompts a chunk or the whole prompt (packing.py, runner.py)
-  6. finish    - rows that reached the end of their sequence got a token; EOS or length ends a request
+  6. finish    - rows that reached the end of their sequence got a token (a row that checked guesses: the
+                 ones the model agrees with, and its own next one); EOS or length ends a request
   7. record    - a StepRecord for the trace (the KV memory as this step's forward used it)
   8. release   - finished requests free their KV and their seats (held idle under a policy that holds them)
 
@@ -29,6 +31,7 @@ from minillm.engine.packing import pack
 from minillm.engine.request import Request, State
 from minillm.engine.runner import ModelRunner
 from minillm.engine.scheduler import Scheduler, check_plan, check_plan_tokens
+from minillm.engine.speculate import speculator_for
 from minillm.engine.trace import StepRecord, Trace, request_record
 from minillm.errors import InputError
 from minillm.model.tokenizer import EOS
@@ -37,13 +40,16 @@ WAITING_RECORDED = 100  # ids of the queue's head recorded per step (the length 
 
 
 class Engine:
-    def __init__(self, model, scheduler: Scheduler, cfg: EngineConfig | None = None, meta: dict | None = None):
-        """model: a Transformer (served by a ModelRunner), or any runner (e.g. a simulated card)."""
+    def __init__(self, model, scheduler: Scheduler, cfg: EngineConfig | None = None, meta: dict | None = None,
+                 draft=None):  # fmt: skip
+        """model: a Transformer (served by a ModelRunner), or any runner (e.g. a simulated card).
+        draft: the draft model speculation guesses with (cfg.speculate; default: the shipped draft)."""
         self.runner = ModelRunner(model) if isinstance(model, nn.Module) else model
         self.model = getattr(self.runner, "model", None)
         self.scheduler, self.cfg = scheduler, cfg or EngineConfig()
         self.max_len = min(self.cfg.max_len, self.runner.max_len)
         self.cache = self.runner.make_cache(self.cfg, self.max_len)
+        self.speculator = speculator_for(self.cfg, self.runner, self.max_len, draft)
         self.device, self.clock = self.runner.device, self.runner.clock
         self.seats: list[Request | None] = [None] * self.cfg.slots
         self.pending: list[Request] = []  # submitted, not yet arrived (sorted by arrival)
@@ -128,6 +134,7 @@ class Engine:
             self.waiting.append(request)
         for request in [r for r in self.running() if self.cfg.prefix_caching and not r.is_decoding]:
             self._claim(request)  # a prompt at a block boundary goes on with blocks cached since its last chunk
+        self.speculator.propose(self.running())  # (speculation on) decoding requests guess ahead: longer rows
         plan = self.scheduler.schedule(list(self.waiting), list(self.seats), self.cache)
         check_plan(plan, self.waiting, self.seats, self.scheduler.holds_finished_seats)
         for victim in plan.preempt:
@@ -143,11 +150,12 @@ class Engine:
         kinds = {r.id: "decode" if r.is_decoding else "prefill" for r, _ in rows}
         held = sum(1 for r in self.seats if r is not None and r.is_finished)  # computed anyway: a fixed-shape batch
         batch = pack(rows, padding_rows=held)
-        produced = self.runner.run(batch, self.cache) if rows else []
-        for request, n in rows:
+        picks = self.runner.run(batch, self.cache) if rows else []
+        replies, kept = self.speculator.settle(batch, picks, self.cache)  # guesses checked; the wrong ones' KV cut
+        finished = [r for r, new in zip(batch.sampled, replies) if self._accept(r, new)]
+        for (request, _), n in zip(rows, kept):
             self._computed(request, n, kinds[request.id])
-        finished = [r for r, token in zip(batch.sampled, produced) if self._accept(r, token)]
-        made = {r.id for r in batch.sampled}
+        made = {r.id: len(new) for r, new in zip(batch.sampled, replies)}
         record = self._record(plan, rows, kinds, made, finished, batch.padding_rows, begin)
         for request in finished:  # after the record: a reply's last step still shows the KV it ran on
             self._release(request)
@@ -195,18 +203,22 @@ class Engine:
         if self.cfg.prefix_caching and request.num_computed // block > before // block:  # a block just filled
             self.cache.commit(request.seat, request.tokens[: request.num_computed])
 
-    def _accept(self, request: Request, token: int) -> bool:
-        """Append the new token; finish the request on EOS or length (step() frees its KV). True if it finished."""
+    def _accept(self, request: Request, tokens: list[int]) -> bool:
+        """Append the new tokens (one, or a run of checked guesses); finish the request on EOS or length (step()
+        frees its KV). True if it finished."""
         now = self.clock.now()
         if request.first_token_step is None:
             request.first_token_step, request.first_token_s = self.step_no, now
-        if token == EOS and not request.ignore_eos:
-            reason = "eos"
-        else:
+        for token in tokens:
+            if token == EOS and not request.ignore_eos:
+                reason = "eos"
+                break
             request.output_ids.append(token)
-            if len(request.output_ids) < request.max_new_tokens:
-                return False
-            reason = "length"
+            if len(request.output_ids) == request.max_new_tokens:
+                reason = "length"
+                break
+        else:
+            return False
         request.state, request.finish_reason = State.FINISHED, reason
         request.finish_step, request.finish_s = self.step_no, now
         self.live.pop(request.id, None)
@@ -219,14 +231,14 @@ class Engine:
             self.seats[request.seat] = None
 
     # --- recording -------------------------------------------------------------------------------
-    def _record(self, plan, rows, kinds, made: set[str], finished, padding: int, begin: float) -> StepRecord:
+    def _record(self, plan, rows, kinds, made: dict[str, int], finished, padding: int, begin: float) -> StepRecord:
         ran = {r.id: n for r, n in rows}
         occupants = {s: r for s, r in enumerate(self.seats) if r is not None}
         seats = []
         for seat in sorted(occupants):
             r = occupants[seat]
             if r.id in ran:
-                seats.append([seat, r.id, kinds[r.id], ran[r.id], int(r.id in made)])
+                seats.append([seat, r.id, kinds[r.id], ran[r.id], made.get(r.id, 0)])
             else:
                 seats.append([seat, r.id, "held" if r.is_finished else "stalled", 0, 0])
         live = {r.seat: r for r in self.running() + finished}  # (finished this step: their KV is not freed yet)
@@ -240,7 +252,7 @@ class Engine:
             admitted=[r.id for r in plan.admit],
             finished=[r.id for r in finished],
             preempted=[r.id for r in plan.preempt],
-            tokens=len(made),
+            tokens=sum(made.values()),
             padding_rows=padding,
             kv_blocks_used=self.cache.blocks_in_use(list(live)),
             kv_blocks_total=self.cache.num_blocks,
@@ -248,6 +260,8 @@ class Engine:
             kv_tokens_stored=self.cache.stored_tokens,
             wall_s=round(now - begin, 9),  # nanoseconds are plenty, and keep a long trace's JSON short
             time_s=round(now, 9),
+            drafts={rid: draft for rid, (draft, _) in self.speculator.verified.items()},
+            accepted={rid: n for rid, (_, n) in self.speculator.verified.items()},
         )
         if self.cfg.record_blocks:
             tables = self.cache.block_map(sorted(live))
@@ -268,6 +282,8 @@ class Engine:
             "token_budget": getattr(self.scheduler, "token_budget", None),
             "prefix_caching": self.cfg.prefix_caching,
             "prefix_cache_events": dict(self.cache.allocator.events) if self.cfg.prefix_caching else None,
+            "speculate": self.cfg.speculate,
+            "drafter": getattr(self.speculator.drafter, "name", None),
             "device": str(self.device),
             "clock": getattr(self.clock, "name", "wall"),
             "model": self.meta.get("model", "minillm"),

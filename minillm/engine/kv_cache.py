@@ -85,6 +85,12 @@ class ContiguousKVCache:
         """Forget a seat's tokens. Its row stays reserved: that is the contiguous layout's cost."""
         self.lengths[seat] = 0
 
+    def truncate(self, seat: int, num_tokens: int) -> None:
+        """Keep the seat's first `num_tokens` tokens (rejected draft tokens go: the next ones overwrite them)."""
+        if not 0 <= num_tokens <= self.lengths[seat]:
+            raise ValueError(f"seat {seat} holds {self.lengths[seat]} tokens: cannot keep {num_tokens}")
+        self.lengths[seat] = num_tokens
+
     # --- what a scheduler asks -----------------------------------------------------------------
     # A seat's row was paid for when the cache was built, so admitting or growing costs no blocks.
     def blocks_to_admit(self, num_tokens: int, token_ids: list[int] | None = None, leaving: list[int] = ()) -> int:

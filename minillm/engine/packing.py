@@ -13,7 +13,8 @@ reading each weight once. Attention does care: a token may only see its own row'
 attend row group by row group, where a group is the rows with the same length (all decode rows
 together as (G, 1); each prompt chunk as (1, T)), so no decode row is padded to a chunk's length.
 Logits are needed only at each row's last token, and only rows that reach the end of their
-sequence (decode rows, and a prompt's last chunk) produce a token this step.
+sequence (decode rows, and a prompt's last chunk) produce a token this step. A *verify* row (speculate.py)
+runs past the end: its last token and the draft's guesses after it, with logits at every one of them.
 """
 
 from __future__ import annotations
@@ -36,6 +37,10 @@ class Batch:
     samples: list[bool]  # True: the row ends its sequence, its last logits pick the next token
     padding_rows: int = 0  # static batching's held seats: copies of the first decode row, computed for nothing
     last_index: list[int] = field(default_factory=list)  # (R,) flat index of each row's last token
+    drafts: list[int] = field(default_factory=list)  # (R,) draft tokens each row runs to have them checked (speculate.py)
+    logit_index: list[int] = field(default_factory=list)  # flat indices that need logits: each sampling row's last
+    # token, and every token of a row that verifies drafts (its last real token, then each draft)
+    logit_rows: list[int] = field(default_factory=list)  # the row of each of them
 
     @property
     def seats(self) -> list[int]:
@@ -63,12 +68,16 @@ def pack(rows: list[tuple[Request, int]], padding_rows: int = 0) -> Batch:
     for request, count in rows:
         token_ids += request.pending_slice(count)
         last_index.append(len(token_ids) - 1)
-    samples = [r.num_computed + n == r.num_tokens for r, n in rows]
+    samples = [r.num_computed + n >= r.num_tokens for r, n in rows]
+    drafts = [max(0, r.num_computed + n - r.num_tokens) for r, n in rows]  # tokens run past the end: guesses
+    logit_index = [i for last, d, s in zip(last_index, drafts, samples) if s for i in range(last - d, last + 1)]
+    logit_rows = [row for row, (d, s) in enumerate(zip(drafts, samples)) if s for _ in range(d + 1)]
     if 1 not in counts:
         padding_rows = 0
     if padding_rows:
         token_ids += [token_ids[last_index[counts.index(1)]]] * padding_rows
-    return Batch(requests, counts, starts, token_ids, samples, padding_rows, last_index)
+    return Batch(requests, counts, starts, token_ids, samples, padding_rows, last_index, drafts, logit_index,
+                 logit_rows)  # fmt: skip
 
 
 @dataclass

@@ -42,6 +42,10 @@ class PagedKVBooks:
     def free(self, seat: int) -> None:
         self.allocator.free(seat)
 
+    def truncate(self, seat: int, num_tokens: int) -> None:
+        """Keep the seat's first `num_tokens` tokens (rejected draft tokens go); blocks past them are free at once."""
+        self.allocator.truncate(seat, num_tokens)
+
     # --- what a scheduler asks -----------------------------------------------------------------
     def blocks_to_admit(self, num_tokens: int, token_ids: list[int] | None = None, leaving: list[int] = ()) -> int:
         """Free blocks a new sequence of `num_tokens` takes. Given its tokens, blocks it shares from the

@@ -9,6 +9,8 @@ While it runs, a request has tokens whose keys and values are not in the KV cach
 whole prompt when it is admitted, then the one token it produced last step. `num_computed`
 counts the tokens that are in the cache; each step the scheduler decides how many of the
 rest the request runs (all of them, or a chunk of a long prompt under a token budget).
+With speculative decoding (speculate.py) a decoding request also carries draft tokens guessed past
+its last one: they are pending too, so its row runs 1 + len(draft) tokens and the big model checks them.
 A preempted request keeps the tokens it produced but loses its cache (`num_computed` = 0):
 when it is admitted again it recomputes prompt + output, then carries on decoding.
 """
@@ -49,6 +51,9 @@ class Request:
     preemptions: int = 0
     prefill_tokens: int = 0  # prompt (and recomputed) tokens this request ran through the model
     prompt_tokens_from_cache: int = 0  # prompt tokens its first admission took from the prefix cache (not computed)
+    draft: list[int] = field(default_factory=list)  # this step's guesses past the last token (speculate.py)
+    drafts_verified: int = 0  # draft tokens the big model checked, over the request's life
+    drafts_accepted: int = 0  # ... and found right (kept in the reply)
     # seconds on the engine's clock since it started
     first_token_s: float | None = None
     finish_s: float | None = None
@@ -73,19 +78,19 @@ class Request:
 
     @property
     def num_pending(self) -> int:
-        """Tokens not yet in the KV cache: what the request still has to run before it can produce a token."""
-        return self.num_tokens - self.num_computed
+        """Tokens not yet in the KV cache: what the request still has to run (its draft's guesses included)."""
+        return self.num_tokens + len(self.draft) - self.num_computed
 
     @property
     def is_decoding(self) -> bool:
-        """Its prompt is in the cache: it runs one token a step (the one it produced last)."""
-        return self.num_computed >= len(self.prompt_ids) and self.num_pending == 1
+        """Its prompt is in the cache: it runs the one token it produced last (and any draft tokens after it)."""
+        return self.num_computed >= len(self.prompt_ids) and self.num_tokens - self.num_computed == 1
 
     def pending_slice(self, count: int) -> list[int]:
-        """The next `count` tokens to run, without copying the whole sequence (decode reads one token)."""
+        """The next `count` tokens to run, without copying the whole sequence (decode reads one token, then the draft)."""
         start, n_prompt = self.num_computed, len(self.prompt_ids)
         if start >= n_prompt:
-            return self.output_ids[start - n_prompt : start - n_prompt + count]
+            return (self.output_ids[start - n_prompt : start - n_prompt + count] + self.draft)[:count]
         head = self.prompt_ids[start : start + count]
         return head + self.output_ids[: count - len(head)]
 

@@ -59,11 +59,11 @@ class ModelRunner:
 
     @torch.no_grad()
     def run(self, batch: Batch, cache: ContiguousKVCache | PagedKVCache) -> list[int]:
-        """One forward over the batch; returns the next token of each row that samples, in row order."""
+        """One forward over the batch; returns the next token of each row that samples, in row order (a row that
+        verifies drafts gets one after each of its tokens: speculate.py)."""
         same = len(set(batch.counts)) == 1  # every row runs T tokens: a (B, T) rectangle, attending as one group
         positions = cache.prepare(batch.seats, batch.counts[0] if same else batch.counts, batch.padding_rows)
         tokens = torch.tensor(batch.token_ids, device=self.device).view(positions.shape)  # (B, T), else (1, N)
-        sampled = [i for i, s in enumerate(batch.samples) if s]
-        last = torch.tensor([batch.last_index[i] for i in sampled], dtype=torch.long, device=self.device)  # (R,)
-        logits = self.model(tokens, positions, cache, logits_at=last)  # (R, V)
-        return greedy(logits, [batch.requests[i].ignore_eos for i in sampled])
+        at = torch.tensor(batch.logit_index, dtype=torch.long, device=self.device)  # (R,) where a token is picked
+        logits = self.model(tokens, positions, cache, logits_at=at)  # (R, V)
+        return greedy(logits, [batch.requests[i].ignore_eos for i in batch.logit_rows])

@@ -4,10 +4,11 @@ It is the single source of truth: the app replays it, the notebooks plot it, met
 are computed from it and tests check invariants on it. Saved as JSON (documented in
 README); a file from elsewhere is read back through runs/trace_file.py, which checks it first.
 
-Version 2 records, per step, only the seats that are occupied, each as
-[seat, request id, state, tokens it ran, tokens it produced], so a long run on a card
-with 256 seats stays small; `StepRecord.slots` gives the familiar one-entry-per-seat view.
-(Version 1 files, one entry per seat and no token counts, are upgraded by runs/trace_file.py.)
+Per step it records only the seats that are occupied, each as [seat, request id, state, tokens it
+ran, tokens it produced], so a long run on a card with 256 seats stays small; `StepRecord.slots` gives
+the familiar one-entry-per-seat view. Version 3 adds speculative decoding: a row that checked draft
+tokens may produce several tokens in a step, and the step records the guesses and how many were kept.
+(Versions 1 and 2 are upgraded by runs/trace_file.py.)
 """
 
 from __future__ import annotations
@@ -19,7 +20,7 @@ from pathlib import Path
 
 from minillm.engine.request import Request
 
-FORMAT, VERSION = "minillm-trace", 2
+FORMAT, VERSION = "minillm-trace", 3
 # prefill: ran (a chunk of) its prompt; decode: ran its last token; held: finished, keeping its seat (static);
 # stalled: seated, but the step's token budget ran out before its turn
 SLOT_STATES = ("prefill", "decode", "held", "stalled")
@@ -43,6 +44,8 @@ class RequestRecord:
     finish_s: float | None = None
     prefill_tokens: int = 0  # prompt tokens run through the model (recomputation after preemption included)
     prompt_tokens_from_cache: int = 0  # prompt tokens its first admission took from the prefix cache
+    drafts_verified: int = 0  # draft tokens the model checked (speculative decoding)
+    drafts_accepted: int = 0  # ... and kept
 
 
 @dataclass
@@ -65,6 +68,8 @@ class StepRecord:
     kv_tables: dict[str, list[int]] = field(default_factory=dict)  # request id -> its KV blocks (if recorded)
     kv_tokens: dict[str, int] = field(default_factory=dict)  # request id -> tokens stored in the cache (if recorded)
     kv_cached_free: list[int] = field(default_factory=list)  # free blocks still holding a cached prefix (if recorded)
+    drafts: dict[str, list[int]] = field(default_factory=dict)  # request id -> the draft tokens its row checked
+    accepted: dict[str, int] = field(default_factory=dict)  # request id -> how many of them the model kept
     time_s: float = 0.0  # seconds since the run began, at the end of this step
 
     @property
@@ -108,7 +113,7 @@ class Trace:
 
     @classmethod
     def from_dict(cls, data: dict) -> Trace:
-        """A trace from its JSON form (version 2, already checked: see runs/trace_file.py for files from elsewhere)."""
+        """A trace from its JSON form (version 3, already checked: see runs/trace_file.py for files from elsewhere)."""
         requests = [RequestRecord(**_known(RequestRecord, r)) for r in data["requests"]]
         per_run = {"num_seats": data["config"]["slots"], "kv_blocks_total": data["config"]["num_blocks"]}
         steps = [StepRecord(**(per_run | _known(StepRecord, s))) for s in data["steps"]]

@@ -21,8 +21,10 @@ from minillm.errors import CheckpointError, ConfigError, DeviceError
 from minillm.model.transformer import Transformer
 
 DEFAULT_CHECKPOINT = Path(__file__).parent.parent / "weights" / "minillm.safetensors"
+DRAFT_CHECKPOINT = DEFAULT_CHECKPOINT.with_name("draft.safetensors")  # speculative decoding's guesser (train --draft)
 STORAGE_DTYPE = torch.float16
 RETRAIN_HINT = "rebuild it with `python -m minillm train` (about 20 minutes on 2 CPU cores)"
+DRAFT_RETRAIN_HINT = "rebuild it with `python -m minillm train --draft` (about 5 minutes on 2 CPU cores)"
 
 
 def resolve_device(name: str = "auto") -> torch.device:
@@ -78,21 +80,22 @@ def load_model(path: str | Path | None = None, device: str | torch.device = "aut
     """Load a checkpoint (the shipped one by default) onto a device, in eval mode."""
     path = Path(path) if path is not None else DEFAULT_CHECKPOINT
     device = resolve_device(device) if isinstance(device, str) else device
+    hint = DRAFT_RETRAIN_HINT if path == DRAFT_CHECKPOINT else RETRAIN_HINT
     if not path.is_file():
-        raise CheckpointError(f"no checkpoint at {path}; {RETRAIN_HINT}")
+        raise CheckpointError(f"no checkpoint at {path}; {hint}")
     try:
         tensors = {name: t.float() for name, t in load_file(str(path)).items()}
         with safe_open(str(path), framework="pt") as f:
             metadata = f.metadata() or {}
         cfg = ModelConfig.from_dict(json.loads(metadata["config"]))
     except (SafetensorError, OSError, KeyError, ValueError, ConfigError) as e:
-        raise CheckpointError(f"checkpoint {path} is unreadable or corrupt ({e}); {RETRAIN_HINT}") from None
+        raise CheckpointError(f"checkpoint {path} is unreadable or corrupt ({e}); {hint}") from None
     model = Transformer(cfg)
     try:
         model.load_state_dict(fused_layout(tensors, cfg), strict=True)
     except (RuntimeError, KeyError) as e:
         first = str(e).splitlines()[0]
-        raise CheckpointError(f"checkpoint {path} does not match the model ({first}); {RETRAIN_HINT}") from None
+        raise CheckpointError(f"checkpoint {path} does not match the model ({first}); {hint}") from None
     return model.to(device).eval()
 
 

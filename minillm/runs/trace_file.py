@@ -2,8 +2,9 @@
 
 A trace may come from an upload in the app, a server's /trace or an old run on disk. It is plain
 JSON (never pickle: loading runs no code from the file), and anything malformed is a TraceError that
-names the first thing wrong. Version 1 files (one entry per seat per step, no token counts) are
-upgraded to version 2's shape on the way in, and older files' `cached_prompt_tokens` read as
+names the first thing wrong. Older files are upgraded on the way in: version 1 (one entry per seat per
+step, no token counts) to version 2's shape, and version 2 to 3 as it is (version 3 only adds speculative
+decoding's draft tokens, which a version 2 run never had); older files' `cached_prompt_tokens` read as
 `prompt_tokens_from_cache` (see `renamed_fields`).
 """
 
@@ -15,7 +16,7 @@ from pathlib import Path
 from minillm.engine.trace import FORMAT, SLOT_STATES, Trace
 from minillm.errors import MinillmError
 
-READABLE_VERSIONS = (1, 2)
+READABLE_VERSIONS = (1, 2, 3)
 
 
 class TraceError(MinillmError):
@@ -23,11 +24,11 @@ class TraceError(MinillmError):
 
 
 def from_dict(data: object) -> Trace:
-    """A checked trace from parsed JSON (either version)."""
+    """A checked trace from parsed JSON (any readable version)."""
     validate(data)
     if data["version"] == 1:
         data = upgrade_v1(data)
-    return Trace.from_dict(renamed_fields(data))
+    return Trace.from_dict(renamed_fields(data) | {"version": 3})  # (a version 2 trace is a version 3 one)
 
 
 def loads(text: str | bytes) -> Trace:
@@ -117,6 +118,11 @@ def validate(data: object) -> None:
                 fail(f'step {i}: "{name}" must be a list')
         if not isinstance(s.get("kv_blocks_total", 0), int):
             fail(f'step {i}: "kv_blocks_total" must be an integer')
+        drafts, accepted = s.get("drafts", {}), s.get("accepted", {})
+        if not isinstance(drafts, dict) or not isinstance(accepted, dict) or set(accepted) - set(drafts):
+            fail(f'step {i}: "drafts" and "accepted" must be objects keyed by the ids of requests that checked drafts')
+        if any(not isinstance(n, int) or not 0 <= n <= len(drafts[rid]) for rid, n in accepted.items()):
+            fail(f'step {i}: a request cannot accept more draft tokens than it checked')
         if data["version"] == 1:
             _validate_v1_slots(s, i, slots, ids, fail)
         else:
