@@ -93,7 +93,7 @@ class EngineConfig:
             raise ConfigError(f"speculate must be a whole number of draft tokens from 0 (off) to {MAX_SPECULATE}, "
                               f"got {self.speculate!r}")  # fmt: skip
         if self.drafter not in ("model", "ngram"):
-            raise ConfigError(f"drafter must be 'model' (the draft model) or 'ngram' (prompt lookup), got {self.drafter!r}")
+            raise ConfigError(f"drafter must be 'model' (a draft model) or 'ngram' (no model), got {self.drafter!r}")
 
     @property
     def total_blocks(self) -> int:

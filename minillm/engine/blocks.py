@@ -196,7 +196,7 @@ class BlockAllocator:
         table, length = self.tables[seq], self.lengths[seq]
         keyed = self.hashed.get(seq, (0, b""))[0] * self.block_size
         if not keyed <= num_tokens <= length:
-            raise ValueError(f"sequence {seq} holds {length} tokens ({keyed} in keyed blocks): cannot keep {num_tokens}")
+            raise ValueError(f"sequence {seq} holds {length} tokens ({keyed} keyed): cannot keep {num_tokens}")
         keep = self.blocks_for(num_tokens)
         for block in reversed(table[keep:]):
             self.ref_counts[block] -= 1

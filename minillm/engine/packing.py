@@ -37,7 +37,7 @@ class Batch:
     samples: list[bool]  # True: the row ends its sequence, its last logits pick the next token
     padding_rows: int = 0  # static batching's held seats: copies of the first decode row, computed for nothing
     last_index: list[int] = field(default_factory=list)  # (R,) flat index of each row's last token
-    drafts: list[int] = field(default_factory=list)  # (R,) draft tokens each row runs to have them checked (speculate.py)
+    drafts: list[int] = field(default_factory=list)  # (R,) draft tokens each row runs, to be checked (speculate.py)
     logit_index: list[int] = field(default_factory=list)  # flat indices that need logits: each sampling row's last
     # token, and every token of a row that verifies drafts (its last real token, then each draft)
     logit_rows: list[int] = field(default_factory=list)  # the row of each of them

@@ -87,7 +87,7 @@ class Request:
         return self.num_computed >= len(self.prompt_ids) and self.num_tokens - self.num_computed == 1
 
     def pending_slice(self, count: int) -> list[int]:
-        """The next `count` tokens to run, without copying the whole sequence (decode reads one token, then the draft)."""
+        """The next `count` tokens to run, without copying the whole sequence (decode: one token, then the draft)."""
         start, n_prompt = self.num_computed, len(self.prompt_ids)
         if start >= n_prompt:
             return (self.output_ids[start - n_prompt : start - n_prompt + count] + self.draft)[:count]

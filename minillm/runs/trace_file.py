@@ -122,7 +122,7 @@ def validate(data: object) -> None:
         if not isinstance(drafts, dict) or not isinstance(accepted, dict) or set(accepted) - set(drafts):
             fail(f'step {i}: "drafts" and "accepted" must be objects keyed by the ids of requests that checked drafts')
         if any(not isinstance(n, int) or not 0 <= n <= len(drafts[rid]) for rid, n in accepted.items()):
-            fail(f'step {i}: a request cannot accept more draft tokens than it checked')
+            fail(f"step {i}: a request cannot accept more draft tokens than it checked")
         if data["version"] == 1:
             _validate_v1_slots(s, i, slots, ids, fail)
         else:
