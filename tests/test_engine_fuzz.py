@@ -3,9 +3,12 @@
 Each workload draws a policy (static or continuous), a KV layout, a block size (1-16), a token budget (none, 1,
 a few tokens, a few dozen), prefix caching over shared and nested prompts, a pool from tight (preemption,
 eviction) to roomy, aborts at random steps (queued, mid-prompt, mid-reply, preempted) and now and then a second
-submit of a live request's id. Every step: the allocator's invariants (the engine's debug mode), no request lost,
-each seated request's cached tokens equal to what it computed. At the end: the pool fully free, and every reply
-equal to the plain no-cache loop's. A reply that parts from it where the loop's two best logits tie (within
+submit of a live request's id, and half the time speculative decoding (k from 1 to 8) with a drafter that is always
+right (the model itself), one that is right now and then (the model with noise added), a stranger (another random
+model) or prompt lookup. Every step: the allocator's invariants (the engine's debug mode), no request lost, each
+seated request's cached tokens equal to what it computed, no draft left over, no draft cache ahead of its request.
+At the end: the pool fully free (rejected guesses' blocks included), and every reply equal to the plain no-cache
+loop's. A reply that parts from it where the loop's two best logits tie (within
 1e-6: the order of float sums can break such a tie either way) is counted as a tie, not failed.
 
     MINILLM_FUZZ_RUNS=3000 python3 -m pytest -q -s tests/test_engine_fuzz.py   # a long run; prints its counts
@@ -44,6 +47,17 @@ def model():
 
 
 @functools.cache
+def drafts():
+    """Draft models: the model itself (every guess right but ties), the model with noise in its weights (right
+    some of the time: accepts a few, then rejects), another random model (almost every guess wrong)."""
+    noisy = random_model("gqa")
+    with torch.no_grad():
+        for p in noisy.parameters():
+            p.add_(torch.randn(p.shape, generator=torch.Generator().manual_seed(p.numel())) * 0.5 * p.std())
+    return {"itself": model(), "noisy": noisy, "stranger": random_model("mqa", seed=1)}
+
+
+@functools.cache
 def reference(prompt: tuple[int, ...], max_new_tokens: int, ignore_eos: bool) -> list[int]:
     return generate(model(), list(prompt), max_new_tokens, use_cache=False, ignore_eos=ignore_eos).tokens
 
@@ -73,10 +87,13 @@ def draw_workload(rng: random.Random):
     biggest = max(-(-(len(r.prompt_ids) + r.max_new_tokens - 1) // block_size) for r in requests)
     tight = [biggest, biggest, biggest + rng.randint(1, 4), biggest + rng.randint(1, 4)]  # preemption, eviction
     num_blocks = rng.choice(tight + [2 * biggest, 4 * biggest] + [max(1, biggest - 1)] * (rng.random() < 0.2))
+    speculate, drafter = rng.choice([0, rng.randint(1, 8)]), rng.choice(["itself", "noisy", "stranger", "ngram"])
     cfg = EngineConfig(slots=slots, kv=kv, block_size=block_size, num_blocks=num_blocks if kv == "paged" else None,
                        max_len=256, prefix_caching=kv == "paged" and rng.random() < 0.75, debug=True,
-                       record_blocks=rng.random() < 0.3)  # fmt: skip
-    engine = Engine(model(), SCHEDULERS[rng.choice(["static", "continuous"])](token_budget=budget), cfg)
+                       record_blocks=rng.random() < 0.3, speculate=speculate,
+                       drafter="ngram" if drafter == "ngram" else "model")  # fmt: skip
+    policy = SCHEDULERS[rng.choice(["static", "continuous"])](token_budget=budget)
+    engine = Engine(model(), policy, cfg, draft=drafts().get(drafter))
     aborts = sorted(rng.randint(0, 30) for _ in range(rng.choice([0, 0, 1, 2, 3])))  # steps to abort someone at
     resubmit = rng.randint(0, 20) if rng.random() < 0.2 else None
     return engine, requests, aborts, resubmit
@@ -95,6 +112,10 @@ def check_every_step(engine: Engine, requests: list[Request]) -> None:
     assert len(places) == len(set(places)) and set(places) == set(live), "a request was lost or is in two places"
     for r in seated:
         assert engine.seats[r.seat] is r and engine.cache.seat_tokens(r.seat) == r.num_computed, r.id
+        assert not r.draft, f"{r.id}: a draft outlived its step"
+        drafter = engine.speculator.drafter
+        if hasattr(drafter, "cache") and drafter.holder[r.seat] == r.admit_order:
+            assert drafter.cache.lengths[r.seat] < r.num_tokens, f"{r.id}: the draft's cache holds its last token"
 
 
 def check_the_end(engine: Engine, requests: list[Request], counts: Counter) -> None:
@@ -110,6 +131,8 @@ def check_the_end(engine: Engine, requests: list[Request], counts: Counter) -> N
     for r in requests:
         counts["requests"] += 1
         counts["preemptions"] += r.preemptions
+        counts["drafts checked"] += r.drafts_verified
+        counts["drafts kept"] += r.drafts_accepted
         assert r.prompt_tokens_from_cache < len(r.prompt_ids), f"{r.id}: more prompt tokens from the cache than it has"
         if r.finish_reason.startswith("rejected"):
             counts["rejected"] += 1

@@ -178,17 +178,32 @@ def replies_html(replies, not_arrived: int = 0, max_height: int = 380) -> str:
     rows = []
     for r in replies:
         text = r.text if len(r.text) <= REPLY_TAIL else "…" + r.text[-REPLY_TAIL:]
+        text = escape(text) if r.guesses is None else guesses_html(text, *r.guesses)
         rows.append(
             f'<div data-request="{escape(r.id)}" style="display:grid;grid-template-columns:auto minmax(0,1fr) '
             f'minmax(0,1.6fr);gap:0.5em;align-items:start;margin:0.25em 0">'
             f"<div>{chip(r.id, r.color)}</div>"
             f'<div><span data-prompt style="{BUBBLE};background:#eeeeee">{escape(r.prompt)}</span></div>'
             f'<div><span data-reply style="{BUBBLE};background:#e3eef8;font-family:monospace;min-width:2em;'
-            f'min-height:1.2em">{escape(text)}</span>'
+            f'min-height:1.2em">{text}</span>'
             f'<div style="font-size:0.85em">{status_html(r.status)}</div></div></div>'
         )
     more = f"<div style='color:#777'>{not_arrived} more not arrived yet</div>" if not_arrived else ""
+    legend = GUESS_LEGEND if any(r.guesses for r in replies) else ""
     return (
         f'<div style="max-height:{max_height}px;overflow-y:auto;font-size:0.9em" data-chat>'
-        "<div style='font-weight:600'>The users' chat windows</div>" + "".join(rows) + f"{more}</div>"
+        "<div style='font-weight:600'>The users' chat windows</div>" + legend + "".join(rows) + f"{more}</div>"
     )
+
+
+KEPT, REJECTED = "color:#1a7a1a;text-decoration:underline 2px", "color:#c03030;text-decoration:line-through"
+GUESS_LEGEND = (f"<div style='font-size:0.85em'>speculative decoding, this step: <span style='{KEPT}'>guesses the "
+                f"model kept</span>, then its own next token, <span style='{REJECTED}'>guesses it rejected</span>"
+                "</div>")  # fmt: skip
+
+
+def guesses_html(text: str, kept: str, own: str, rejected: str) -> str:
+    """The reply with this step's speculation drawn on its end: kept guesses, the model's own token, rejected ones."""
+    before = text[: max(0, len(text) - len(kept) - len(own))]
+    return (f"{escape(before)}<span data-kept style='{KEPT}'>{escape(kept)}</span>{escape(own)}"
+            f"<span data-rejected style='{REJECTED}'>{escape(rejected)}</span>")  # fmt: skip

@@ -37,6 +37,8 @@ class Reply:
     status: str
     prompt: str
     text: str  # the reply so far
+    guesses: tuple[str, str, str] | None = None  # speculative decoding, this step: (guesses kept, the model's own
+    # token after them, guesses rejected); the first two end `text`
 
 
 @dataclass
@@ -103,13 +105,20 @@ class TracePlayer:
         )
 
     def replies(self, step: int, arrived: list[int]) -> list[Reply]:
-        seat_state = {rid: state for _, rid, state, _, _ in self.trace.steps[step].seats}
+        record = self.trace.steps[step]
+        seat_state = {rid: state for _, rid, state, _, _ in record.seats}
+        made = {rid: n for _, rid, _, _, n in record.seats}
         produced = self.statuses.produced(step)
         out = []
         for i in arrived:
             r = self.trace.requests[i]
             status = self.statuses.status(r, step, seat_state)
-            out.append(Reply(r.id, self.colors[r.id], status, self.prompts[i], decode(r.output_ids[: produced[i]])))
+            reply = Reply(r.id, self.colors[r.id], status, self.prompts[i], decode(r.output_ids[: produced[i]]))
+            if r.id in record.drafts:
+                draft, kept = record.drafts[r.id], record.accepted[r.id]
+                own = r.output_ids[produced[i] - made[r.id] + kept : produced[i]]  # (none when it was the EOS)
+                reply.guesses = (decode(draft[:kept]), decode(own), decode(draft[kept:]))
+            out.append(reply)
         return out
 
 

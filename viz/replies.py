@@ -2,7 +2,8 @@
 
 Each step's seat entries say how many tokens a request produced in it: one for a decode row and
 for the last chunk of a prompt (a prefill after a preemption recomputes the old tokens and
-produces one new one), none for an earlier chunk, a held seat or a stalled one.
+produces one new one), none for an earlier chunk, a held seat or a stalled one; with speculative
+decoding a decode row that checked guesses produces up to one more than it checked.
 The last one may be the EOS, which is not in output_ids (slicing past the end is harmless).
 """
 
@@ -69,12 +70,12 @@ class RequestStatuses:
             for rid in record.preempted:
                 self.first_preempted.setdefault(rid, t)
         made = table.produced > 0
-        self.made_step, self.made_request = table.step[made], table.request[made]
+        self.made_step, self.made_request, self.made = table.step[made], table.request[made], table.produced[made]
 
     def produced(self, step: int) -> np.ndarray:
         """(requests,) tokens each request has produced by the end of `step`."""
-        upto = self.made_request[self.made_step <= step]
-        return np.bincount(upto, minlength=len(self.trace.requests))
+        upto = self.made_step <= step
+        return np.bincount(self.made_request[upto], self.made[upto], len(self.trace.requests)).astype(int)
 
     def status(self, r, step: int, seat_state: dict[str, str]) -> str:
         """What status_at_step(trace, r.id, step) says; seat_state: request id -> its seat's state at `step`."""

@@ -27,7 +27,7 @@ class SeatTable:
     state: np.ndarray  # (E,) colors.STATE_CODES
     request: np.ndarray  # (E,) index into trace.requests
     tokens: np.ndarray  # (E,) tokens it ran this step (a prefill chunk's length, 1 for decode, 0 held/stalled)
-    produced: np.ndarray  # (E,) tokens it produced this step (0 or 1)
+    produced: np.ndarray  # (E,) tokens it produced this step (0 or 1; more when it checked draft tokens)
 
     def per_step(self, values: np.ndarray, where: np.ndarray | None = None) -> np.ndarray:
         """(steps,) sum of `values` over each step's entries (only those `where` is True)."""

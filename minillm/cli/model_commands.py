@@ -7,6 +7,7 @@ import sys
 import time
 
 from minillm.cli.args import model_args, positive_int
+from minillm.errors import ConfigError
 
 
 def cmd_generate(args: argparse.Namespace) -> None:
@@ -39,21 +40,29 @@ def cmd_generate(args: argparse.Namespace) -> None:
 
 
 def cmd_train(args: argparse.Namespace) -> None:
-    from minillm.model.checkpoint import DEFAULT_CHECKPOINT
+    import dataclasses
+
+    from minillm.config import ModelConfig
+    from minillm.model.checkpoint import DEFAULT_CHECKPOINT, DRAFT_CHECKPOINT
+    from minillm.training.draft import DRAFT_MODEL, DRAFT_TRAINING
     from minillm.training.train import TrainConfig, format_accuracy, train_and_save
 
-    out = args.out or DEFAULT_CHECKPOINT
-    cfg = TrainConfig(seed=args.seed) if args.steps is None else TrainConfig(steps=args.steps, seed=args.seed)
-    results = train_and_save(out, cfg)
+    out = args.out or (DRAFT_CHECKPOINT if args.draft else DEFAULT_CHECKPOINT)
+    cfg, model_cfg = (DRAFT_TRAINING, DRAFT_MODEL) if args.draft else (TrainConfig(), ModelConfig())
+    cfg = dataclasses.replace(cfg, seed=args.seed, steps=args.steps or cfg.steps)
+    results = train_and_save(out, cfg, model_cfg=model_cfg)
     print(format_accuracy(results))
     print(f"saved {out}")
 
 
 def cmd_eval(args: argparse.Namespace) -> None:
-    from minillm.model.checkpoint import load_model
+    from minillm.model.checkpoint import DRAFT_CHECKPOINT, load_model
     from minillm.training.train import evaluate, format_accuracy
 
-    results = evaluate(load_model(args.checkpoint, args.device), per_task=args.per_task)
+    if args.draft and args.checkpoint:
+        raise ConfigError("give --draft (the shipped draft model) or --checkpoint FILE, not both")
+    model = load_model(DRAFT_CHECKPOINT if args.draft else args.checkpoint, args.device)
+    results = evaluate(model, per_task=args.per_task)
     print(format_accuracy(results))
 
 
@@ -83,10 +92,14 @@ def add_commands(sub) -> None:
     p.add_argument("--out", default=None, help="default: overwrite the shipped checkpoint")
     p.add_argument("--steps", type=positive_int, default=None)
     p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--draft", action="store_true",
+                   help="train the draft model speculative decoding guesses with (minillm/training/draft.py; "
+                   "default --out: minillm/weights/draft.safetensors)")  # fmt: skip
     p.set_defaults(func=cmd_train)
 
     p = sub.add_parser("eval", help="held-out exact-match accuracy per task")
     p.add_argument("--per-task", type=positive_int, default=50)
+    p.add_argument("--draft", action="store_true", help="evaluate the shipped draft model")
     model_args(p)
     p.set_defaults(func=cmd_eval)
 

@@ -28,6 +28,7 @@ def cmd_run(args: argparse.Namespace) -> None:
     trace = run_workload(
         model, args.workload, args.scheduler, args.kv, args.slots, args.num_blocks, args.block_size, knobs,
         args.seed, progress=not args.json, token_budget=args.token_budget, prefix_caching=args.prefix_caching,
+        speculate=args.speculate, drafter=args.drafter,
     )  # fmt: skip
     if args.trace:
         trace.save(args.trace)
@@ -65,6 +66,9 @@ def run_summary_text(args: argparse.Namespace, cfg: dict, summary: dict) -> str:
         f"{summary['prompt_tokens']} prompt tokens from the prefix cache (hit rate {summary['prefix_hit_rate']:.0%})",
         f"  KV waste     {summary['kv_waste']:.1%}   preemptions {summary['preemptions']}",
     ]
+    if cfg.get("speculate"):
+        kept = f"{summary['draft_acceptance']:.0%} of {summary['drafts_verified']} checked were kept"
+        lines.append(f"  speculation  {cfg['speculate']} draft tokens a step ({cfg['drafter']}): {kept}")
     if args.simulate:
         lines.append(f"  simulated in {summary['run_wall_s']:.1f} s of this machine's time")
     if args.trace:
@@ -126,6 +130,11 @@ def add_commands(sub) -> None:
         "card vLLM's server default: 8192 with 70 GiB or more, else 2048); 0: no budget, whole prompts at once",
     )
     p.add_argument("--prefix-caching", action="store_true", help="share the KV blocks of prompts that start alike")
+    p.add_argument("--speculate", type=non_negative_int, default=0, metavar="K",
+                   help="speculative decoding: each decoding user guesses K tokens a step for the model to check "
+                   "(greedy replies stay exact; default 0: off)")  # fmt: skip
+    p.add_argument("--drafter", default="model", choices=["model", "ngram"],
+                   help="who guesses: the shipped draft model, or prompt lookup (no model)")  # fmt: skip
     p.add_argument("--requests", type=positive_int, default=32, help="how many users (not seed-story)")
     p.add_argument(
         "--rate",

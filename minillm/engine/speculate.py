@@ -110,7 +110,8 @@ class ModelDrafter:
         return drafts
 
     def rollback(self, request: Request, keep: int) -> None:
-        """The draft's cache holds the sequence and its guesses but the last: keep only what the big model kept."""
+        """The draft's cache holds the sequence and all its guesses but the last: keep only `keep` tokens (the
+        ones the big model kept, less the last, whose logits give the next first guess)."""
         self.cache.truncate(request.seat, min(keep, self.cache.lengths[request.seat]))
 
 
@@ -143,13 +144,14 @@ class Speculator:
         """Accept each row's guesses and roll back the rest. picks: the runner's tokens, one per logit position.
         Returns the tokens each sampling row's reply gains (cut after an EOS) and, per row, its tokens whose
         keys and values stay in the cache."""
-        replies, kept, at, self.verified = [], [], 0, {}
+        replies, kept, at, self.verified, gained = [], [], 0, {}, {}
         for r, n, samples, checked in zip(batch.requests, batch.counts, batch.samples, batch.drafts):
             if not samples:
                 kept.append(n)
                 continue
             draft = r.draft[:checked]
             new = accept(draft, picks[at : at + checked + 1])
+            gained[r.id] = len(new)
             at += checked + 1
             rejected = checked - (len(new) - 1)
             if rejected:
@@ -162,8 +164,8 @@ class Speculator:
             replies.append(new)
             kept.append(n - rejected)
         for r in self.proposed:  # checked, partly checked, or not run at all (stalled; preempted: no seat now)
-            if r.seat is not None:
-                self.drafter.rollback(r, r.num_tokens + self.verified.get(r.id, ((), 0))[1])
+            if r.seat is not None:  # the draft keeps all but the last token the reply will have: it runs that next
+                self.drafter.rollback(r, r.num_tokens + gained.get(r.id, 0) - 1)
             r.draft = []
         return replies, kept
 

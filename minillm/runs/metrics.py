@@ -10,6 +10,7 @@
   queue time              arrival -> first admission
   latency                 arrival -> finish (end to end)
   KV waste                reserved-but-empty token slots / reserved token slots, averaged over steps
+  draft acceptance        draft tokens the model kept / draft tokens it checked (speculative decoding)
 
 Step-counted figures say what the policy did; second-counted ones include this machine's speed.
 """
@@ -72,6 +73,21 @@ def prefix_cache_figures(trace: Trace, upto: int | None = None) -> dict[str, flo
         "prompt_tokens": prompt,
         "prompt_tokens_from_cache": cached,
         "prefix_hit_rate": cached / prompt if prompt else 0.0,
+    }
+
+
+def draft_figures(trace: Trace, upto: int | None = None) -> dict[str, float | int | None]:
+    """Speculative decoding: draft tokens checked and kept, the share kept, and the tokens a row that checked
+    guesses gained on average (the guesses kept, and the model's own next token)."""
+    steps = trace.steps[: None if upto is None else upto + 1]
+    rows = sum(len(s.drafts) for s in steps)
+    verified = sum(len(draft) for s in steps for draft in s.drafts.values())
+    accepted = sum(n for s in steps for n in s.accepted.values())
+    return {
+        "drafts_verified": verified,
+        "drafts_accepted": accepted,
+        "draft_acceptance": accepted / verified if verified else 0.0,
+        "tokens_per_verify_row": (accepted + rows) / rows if rows else None,
     }
 
 
@@ -146,7 +162,7 @@ def summarize(trace: Trace, upto: int | None = None) -> dict:
         "queue_length": steps[-1].num_waiting if steps else 0,
         "last_finish_step": max((r.finish_step for r in trace.requests if r.finish_step is not None), default=None),
     }
-    summary |= prefix_cache_figures(trace, upto)
+    summary |= prefix_cache_figures(trace, upto) | draft_figures(trace, upto)
     summary |= {f"itl_{k}_s": v for k, v in percentiles(inter_token_gaps(trace, upto)).items()}
     for name, values in lat.items():  # e.g. ttft_steps -> ttft_p50_steps, ttft_p90_steps, ...
         metric, unit = name.rsplit("_", 1)

@@ -30,6 +30,9 @@ def workload_engine(
     seed: int = 0,
     token_budget: int | None = None,
     prefix_caching: bool = False,
+    speculate: int = 0,
+    drafter: str = "model",
+    draft: Transformer | None = None,
 ) -> Engine:
     """The engine with the workload submitted, ready to run (run_workload runs it; the app's what-if view steps it
     itself, to stop a long simulation early).
@@ -40,6 +43,8 @@ def workload_engine(
     seed story, 8 otherwise, and on a simulated card to as many users as its KV memory holds.
     token_budget: tokens per step (0: none, whole prompts in the step they are admitted; None: the default,
     scheduler.DEFAULT_TOKEN_BUDGET for the tiny model, vLLM's server default on a simulated card).
+    speculate: draft tokens a decoding request guesses per step (0: off), by `drafter` ("model": `draft`, by
+    default the shipped draft model; "ngram": prompt lookup), see engine/speculate.py.
     """
     if token_budget is None:
         simulated = isinstance(model, SimulatedRunner)
@@ -55,8 +60,8 @@ def workload_engine(
         meta |= {"model": model.spec.name, "gpu": model.card.name, "dtype": model.dtype, "kv_dtype": model.kv_dtype}
     slots = slots or (SEED_STORY_SLOTS if workload == "seed-story" else 8)
     cfg = EngineConfig(slots=slots, kv=kv, block_size=block_size, num_blocks=num_blocks,
-                       prefix_caching=prefix_caching, **extra)  # fmt: skip
-    engine = Engine(model, policy, cfg, meta=meta)
+                       prefix_caching=prefix_caching, speculate=speculate, drafter=drafter, **extra)  # fmt: skip
+    engine = Engine(model, policy, cfg, meta=meta, draft=draft)
     for request in requests:
         engine.submit(request)
     return engine

@@ -261,8 +261,9 @@ def format_accuracy(results: dict[str, dict[str, dict]]) -> str:
     return "\n".join(lines)
 
 
-def train_and_save(out: str | Path, cfg: TrainConfig | None = None, progress: bool = True) -> dict:
-    model, stats = train(cfg, progress=progress)
+def train_and_save(out: str | Path, cfg: TrainConfig | None = None, progress: bool = True,
+                   model_cfg: ModelConfig | None = None) -> dict:  # fmt: skip
+    model, stats = train(cfg, model_cfg, progress=progress)
     for p in model.parameters():  # measure what is shipped: the weights after the float16 round trip
         p.data = p.data.to(STORAGE_DTYPE).float()
     results = evaluate(model, progress=progress)

@@ -160,13 +160,17 @@ def sidebar(where=None) -> tuple[dict, str, str]:
         num_blocks = bar.number_input("KV blocks (0: as much memory as contiguous)", 0, 4096, 0, key="num_blocks")
         prefix = bar.toggle("prefix caching", False, key="prefix_caching",
                             help="requests whose prompts start alike share those KV blocks")  # fmt: skip
+    speculate = bar.select_slider("speculative decoding (draft tokens per step)", [0, 1, 2, 4, 8], 0, key="speculate",
+                                  format_func=lambda k: "off" if k == 0 else str(k),
+                                  help="each decoding user guesses k tokens with the draft model; the model checks "
+                                  "them in the same step and keeps the right ones")  # fmt: skip
     devices = ["cpu", "cuda"] if torch.cuda.is_available() else ["cpu"]
     device = bar.radio("device", devices, horizontal=True, key="device") if len(devices) > 1 else "cpu"
     heading(bar, "View")
     schedule = bar.radio("scheduler", list(SCHEDULES), key="schedule")
     settings = {"workload": workload, "knobs": knobs, "seed": int(seed), "slots": slots, "kv": kv}
     settings |= {"block_size": block_size, "num_blocks": int(num_blocks) if num_blocks else None}
-    settings |= {"token_budget": budget, "prefix_caching": prefix}
+    settings |= {"token_budget": budget, "prefix_caching": prefix, "speculate": speculate}
     return settings, device, schedule
 
 

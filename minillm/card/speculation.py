@@ -1,0 +1,138 @@
+"""Speculative decoding priced by the roofline: what a step of guesses costs, and the batch where it stops paying.
+
+Per step, for a batch of B users at `context` tokens each (roofline.step_cost prices every step):
+
+    plain        one decode step of the model:             B rows of 1 token          -> B tokens
+    speculative  k draft steps of the draft model:          B rows of 1 token, k times
+                 one verify step of the model:              B rows of k + 1 tokens     -> B x E tokens
+
+If each guess is right with probability alpha (independently of the others), a verify row keeps the guesses
+before the first miss and adds the model's own token, so it gains E = 1 + alpha + ... + alpha^k tokens
+(Leviathan et al., 2023, eq. 1). Speculation pays while
+
+    speedup(B) = E x t_decode(B) / (t_verify(B) + k x t_draft(B))  >  1.
+
+At small B every step is memory-bound: the verify step reads the same weights as a decode step, so it costs
+about the same, and the draft steps read a small model: speedup ~ E / (1 + k x draft/model). As B grows the
+verify step's k + 1 tokens per row turn it compute-bound first (it has k + 1 times the FLOPs of a decode step):
+from there every guess, right or wrong, costs real time, and batching has already filled the idle maths that
+speculation was spending. `crossover` finds the first batch where speedup(B) < 1.
+
+On this machine the tiny model's steps are priced the way `whatif --validate` prices them: fp32 weights and KV,
+every torch call at the calibrated fixed cost (the calls counted on the real forward), the paged gather's
+three passes over the KV, and the engine's own Python per step.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from minillm.card.hardware import Device
+from minillm.card.modelspec import ModelSpec, spec_from_config
+from minillm.card.roofline import SERVING_ENGINE, Kernels, step_cost
+from minillm.config import ModelConfig
+from minillm.errors import ConfigError
+
+
+def expected_tokens(alpha: float, k: int) -> float:
+    """Tokens a verify row gains in one step: 1 + alpha + alpha^2 + ... + alpha^k."""
+    if not 0 <= alpha <= 1 or k < 0:
+        raise ConfigError(f"need an acceptance rate in [0, 1] and k >= 0, got {alpha} and {k}")
+    return float(k + 1) if alpha == 1 else (1 - alpha ** (k + 1)) / (1 - alpha)
+
+
+def alpha_from_tokens(tokens_per_row: float, k: int) -> float:
+    """The per-guess acceptance rate that gains `tokens_per_row` tokens a verify row of k guesses (inverted by
+    bisection): what a measured run says alpha is."""
+    lo, hi = 0.0, 1.0
+    for _ in range(60):
+        mid = (lo + hi) / 2
+        lo, hi = (mid, hi) if expected_tokens(mid, k) < tokens_per_row else (lo, mid)
+    return (lo + hi) / 2
+
+
+@dataclass(frozen=True)
+class SpeculationCost:
+    batch: int
+    k: int
+    alpha: float
+    decode_s: float  # one plain decode step
+    verify_s: float  # one verify step: every row k + 1 tokens
+    draft_s: float  # one draft step (a speculative step runs k of them)
+    tokens_per_row: float  # E: what a verify row gains per step
+
+    @property
+    def speculative_s(self) -> float:
+        return self.verify_s + self.k * self.draft_s
+
+    @property
+    def plain_tokens_per_s(self) -> float:
+        return self.batch / self.decode_s
+
+    @property
+    def speculative_tokens_per_s(self) -> float:
+        return self.batch * self.tokens_per_row / self.speculative_s
+
+    @property
+    def speedup(self) -> float:
+        return self.speculative_tokens_per_s / self.plain_tokens_per_s
+
+
+@dataclass(frozen=True)
+class Pricing:
+    """How steps are priced: the roofline's dtypes and kernel counts for the model and the draft, and a fixed
+    cost per engine step outside the forward (a serving engine overlaps it with the GPU: 0)."""
+
+    dtype: str = "bf16"
+    kv_dtype: str = "bf16"
+    kernels: Kernels = SERVING_ENGINE
+    draft_kernels: Kernels = SERVING_ENGINE
+    verify_kernels: Kernels | None = None  # (default: `kernels`)
+    step_overhead_s: float = 0.0  # per engine step: charged to the plain step, and once to a speculative one
+
+
+def speculation_cost(target: ModelSpec, draft: ModelSpec, device: Device, batch: int, k: int, alpha: float,
+                     context: int = 512, pricing: Pricing = Pricing()) -> SpeculationCost:  # fmt: skip
+    """One plain step and one speculative step of `batch` users at `context` tokens, on `device`."""
+    if batch < 1 or k < 1:
+        raise ConfigError(f"need batch >= 1 and k >= 1, got batch {batch}, k {k}")
+    p = pricing
+
+    def cost(spec, rows, kernels) -> float:
+        return step_cost(spec, device, rows, p.dtype, p.kv_dtype, kernels).time_s
+
+    decode = cost(target, [(1, context)] * batch, p.kernels) + p.step_overhead_s
+    verify = cost(target, [(k + 1, context)] * batch, p.verify_kernels or p.kernels) + p.step_overhead_s
+    draft_step = cost(draft, [(1, context)] * batch, p.draft_kernels)
+    return SpeculationCost(batch, k, alpha, decode, verify, draft_step, expected_tokens(alpha, k))
+
+
+def crossover(target: ModelSpec, draft: ModelSpec, device: Device, k: int, alpha: float, context: int = 512,
+              pricing: Pricing = Pricing(), largest: int = 4096) -> int | None:  # fmt: skip
+    """The smallest batch at which a speculative step makes fewer tokens/s than a plain one (None: not up to
+    `largest`; 1: it never pays at all)."""
+    for batch in range(1, largest + 1):
+        if speculation_cost(target, draft, device, batch, k, alpha, context, pricing).speedup < 1:
+            return batch
+    return None
+
+
+def spec_of(cfg: ModelConfig, name: str) -> ModelSpec:
+    """A minillm model's shape as the cost model reads one (a config.json's fields)."""
+    return spec_from_config({"hidden_size": cfg.dim, "intermediate_size": cfg.ffn_dim, "num_hidden_layers": cfg.n_layers,
+                             "num_attention_heads": cfg.n_heads, "num_key_value_heads": cfg.n_kv_heads,
+                             "head_dim": cfg.head_dim, "vocab_size": cfg.vocab_size,
+                             "max_position_embeddings": cfg.max_seq_len}, name)  # fmt: skip
+
+
+def card_table(target: ModelSpec, draft: ModelSpec, devices: list[Device], ks=(2, 4, 8), alphas=(0.6, 0.7, 0.8, 0.9),
+               context: int = 2048) -> list[dict]:  # fmt: skip
+    """For each card, k and acceptance rate: the speedup at batch 1 and the batch where speculation stops paying."""
+    rows = []
+    for device in devices:
+        for k in ks:
+            for alpha in alphas:
+                one = speculation_cost(target, draft, device, 1, k, alpha, context)
+                rows.append({"gpu": device.name, "k": k, "alpha": alpha, "speedup_at_1": one.speedup,
+                             "crossover_batch": crossover(target, draft, device, k, alpha, context)})  # fmt: skip
+    return rows
