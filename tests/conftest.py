@@ -61,6 +61,7 @@ LESSON_NOTEBOOKS = {
     "08": "08_chunked_prefill.ipynb",
     "09": "09_prefix_caching.ipynb",
     "10": "10_engine_to_server.ipynb",
+    "11": "11_speculative_decoding.ipynb",
 }
 
 

@@ -64,7 +64,9 @@ def plot_all(results: dict, out: Path) -> list[Path]:
         ax.bar(labels, [r["tokens_per_s"] for r in rows], color=["tab:grey", "tab:blue", "tab:olive", "tab:green"])
         ax.set(ylabel="tokens/s", title="{static, continuous} x {contiguous, paged}, same KV memory")
         paths.append(_save(fig, out / "two_by_two.png"))
-    return paths + scheduling.plots(results, out, _save)
+    from minillm.bench.report_speculation import plot as speculation_plot
+
+    return paths + scheduling.plots(results, out, _save) + speculation_plot(results, out, _save)
 
 
 def _save(fig, path: Path) -> Path:
@@ -183,4 +185,8 @@ def markdown(results: dict, command: str, plot_dir: str | None = None) -> str:
         from minillm.bench.server import markdown as server_markdown
 
         lines += server_markdown(results["server"])
+    if "speculation" in results:
+        from minillm.bench.report_speculation import markdown as speculation_markdown
+
+        lines += speculation_markdown(results["speculation"], img)
     return "\n".join(lines)

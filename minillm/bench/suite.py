@@ -14,6 +14,7 @@ from minillm.bench.calls import bench_calls
 from minillm.bench.common import BenchSettings, machine_description
 from minillm.bench.scheduling import BENCHES as SCHEDULING_BENCHES
 from minillm.bench.server import bench_server
+from minillm.bench.speculation import bench_speculation
 from minillm.bench.versus import bench_vs_transformers
 from minillm.model.transformer import Transformer
 
@@ -28,6 +29,7 @@ BENCHES = (
     }
     | SCHEDULING_BENCHES
     | {"calls": bench_calls, "vs_transformers": bench_vs_transformers, "server": bench_server}
+    | {"speculation": bench_speculation}
 )
 
 

@@ -29,7 +29,16 @@ from dataclasses import dataclass
 
 from minillm.card.hardware import Device
 from minillm.card.modelspec import ModelSpec, spec_from_config
-from minillm.card.roofline import SERVING_ENGINE, Kernels, step_cost
+from minillm.card.roofline import (
+    LOGIT_BYTES,
+    SERVING_ENGINE,
+    Kernels,
+    compute_dtype,
+    free_kv_bytes,
+    kv_bytes_per_token,
+    step_cost,
+    weight_bytes,
+)
 from minillm.config import ModelConfig
 from minillm.errors import ConfigError
 
@@ -102,9 +111,19 @@ def speculation_cost(target: ModelSpec, draft: ModelSpec, device: Device, batch:
         return step_cost(spec, device, rows, p.dtype, p.kv_dtype, kernels).time_s
 
     decode = cost(target, [(1, context)] * batch, p.kernels) + p.step_overhead_s
-    verify = cost(target, [(k + 1, context)] * batch, p.verify_kernels or p.kernels) + p.step_overhead_s
+    verify = verify_step_s(target, device, batch, k, context, p) + p.step_overhead_s
     draft_step = cost(draft, [(1, context)] * batch, p.draft_kernels)
     return SpeculationCost(batch, k, alpha, decode, verify, draft_step, expected_tokens(alpha, k))
+
+
+def verify_step_s(target: ModelSpec, device: Device, batch: int, k: int, context: int, p: Pricing) -> float:
+    """A verify step: rows of k + 1 tokens, priced as prompt chunks are, but with logits at every token, not only
+    the last (the roofline prices the vocabulary projection once per row): k more per row are added."""
+    c = step_cost(target, device, [(k + 1, context)] * batch, p.dtype, p.kv_dtype, p.verify_kernels or p.kernels)
+    more = k * batch  # positions whose logits a prompt chunk would not need
+    compute_s = (c.flops + more * 2 * target.vocab * target.hidden) / device.peak_flops(compute_dtype(p.dtype, device))
+    memory_s = c.memory_s + more * target.vocab * LOGIT_BYTES / device.bandwidth
+    return max(memory_s, compute_s) / device.efficiency + c.overhead_s
 
 
 def crossover(target: ModelSpec, draft: ModelSpec, device: Device, k: int, alpha: float, context: int = 512,
@@ -119,20 +138,57 @@ def crossover(target: ModelSpec, draft: ModelSpec, device: Device, k: int, alpha
 
 def spec_of(cfg: ModelConfig, name: str) -> ModelSpec:
     """A minillm model's shape as the cost model reads one (a config.json's fields)."""
-    return spec_from_config({"hidden_size": cfg.dim, "intermediate_size": cfg.ffn_dim, "num_hidden_layers": cfg.n_layers,
-                             "num_attention_heads": cfg.n_heads, "num_key_value_heads": cfg.n_kv_heads,
-                             "head_dim": cfg.head_dim, "vocab_size": cfg.vocab_size,
-                             "max_position_embeddings": cfg.max_seq_len}, name)  # fmt: skip
+    fields = {"hidden_size": cfg.dim, "intermediate_size": cfg.ffn_dim, "num_hidden_layers": cfg.n_layers,
+              "num_attention_heads": cfg.n_heads, "num_key_value_heads": cfg.n_kv_heads, "head_dim": cfg.head_dim,
+              "vocab_size": cfg.vocab_size, "max_position_embeddings": cfg.max_seq_len}  # fmt: skip
+    return spec_from_config(fields, name)
+
+
+def forward_calls(model, rows: int, tokens: int, contiguous: bool = False) -> int:
+    """Torch calls from Python in one cached forward of `rows` rows of `tokens` new tokens each, the cache's step
+    plan included (counted, not timed): each pays the fixed cost per call that calibration measures."""
+    import torch
+
+    from minillm.card.calibrate import count_torch_calls
+    from minillm.engine.kv_cache import ContiguousKVCache, PagedKVCache
+
+    device, seats = next(model.parameters()).device, list(range(rows))
+    if contiguous:
+        cache = ContiguousKVCache(model.cfg, rows, 64, device)
+    else:
+        cache = PagedKVCache(model.cfg, num_blocks=rows * 4, block_size=16, device=device)
+    ids = torch.zeros(rows, tokens, dtype=torch.long, device=device)
+    last = torch.arange(rows, device=device) * tokens + tokens - 1
+    with torch.no_grad():
+        model(torch.zeros(rows, 8, dtype=torch.long, device=device), cache.prepare(seats, 8), cache)  # (a context)
+        return count_torch_calls(lambda: model(ids, cache.prepare(seats, tokens), cache, logits_at=last))
+
+
+def this_machine_pricing(model, draft, k: int) -> Pricing:
+    """minillm's own steps here, as `whatif --validate` prices them: fp32 weights and KV, every torch call of a
+    forward (counted on the real one) at the calibrated fixed cost, and the KV gathered before attention (read,
+    written as a copy, read again: 3 passes). Python outside the forward (scheduling, packing, records) is left
+    out: a floor, as the roofline is."""
+    calls = lambda m, tokens, contiguous=False: Kernels(0, forward_calls(m, 2, tokens, contiguous), kv_passes=3)
+    return Pricing("fp32", "fp32", calls(model, 1), calls(draft, 1, True), calls(model, k + 1))
+
+
+def users_that_fit(target: ModelSpec, draft: ModelSpec, device: Device, context: int, dtype: str = "bf16") -> int:
+    """Users at `context` tokens each when the card holds both models' weights and both KV caches."""
+    free = free_kv_bytes(target, device, dtype) - weight_bytes(draft, dtype)
+    return max(0, int(free // (context * (kv_bytes_per_token(target) + kv_bytes_per_token(draft)))))
 
 
 def card_table(target: ModelSpec, draft: ModelSpec, devices: list[Device], ks=(2, 4, 8), alphas=(0.6, 0.7, 0.8, 0.9),
                context: int = 2048) -> list[dict]:  # fmt: skip
-    """For each card, k and acceptance rate: the speedup at batch 1 and the batch where speculation stops paying."""
+    """For each card, k and acceptance rate: the speedup at batch 1, the batch where speculation stops paying, and
+    how many users fit at all (past that batch the question does not arise)."""
     rows = []
     for device in devices:
         for k in ks:
             for alpha in alphas:
                 one = speculation_cost(target, draft, device, 1, k, alpha, context)
                 rows.append({"gpu": device.name, "k": k, "alpha": alpha, "speedup_at_1": one.speedup,
-                             "crossover_batch": crossover(target, draft, device, k, alpha, context)})  # fmt: skip
+                             "crossover_batch": crossover(target, draft, device, k, alpha, context),
+                             "users_that_fit": users_that_fit(target, draft, device, context)})  # fmt: skip
     return rows

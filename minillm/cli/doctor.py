@@ -24,7 +24,7 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parents[2]  # the repository: app.py, requirements.txt, lessons/
 MIN_PYTHON = (3, 11)
 CPU_TORCH = "pip install torch==2.13.0 --index-url https://download.pytorch.org/whl/cpu"  # PyTorch's CPU wheels
-LESSONS = " or ".join(f"lesson{n:02d}" for n in range(1, 11))
+LESSONS = " or ".join(f"lesson{n:02d}" for n in range(1, 12))
 CHILD_TIMEOUT_S = 60
 REINSTALL = "a damaged install: pip install --force-reinstall -r requirements.txt"
 
@@ -142,7 +142,7 @@ def check_lessons() -> Result:
     if run.returncode or not found:
         return Result(False, f"the lesson checks do not collect: {last_line(run.stdout + run.stderr)}",
                       "fix the error above in lessons/exercises/ (or git checkout -- lessons/exercises)")  # fmt: skip
-    return Result(True, f"the lesson checks collect ({found.group(1)} checks: pytest -m lesson01 ... lesson10)")
+    return Result(True, f"the lesson checks collect ({found.group(1)} checks: pytest -m lesson01 ... lesson11)")
 
 
 CHECKS: dict[str, Callable[[], Result]] = {

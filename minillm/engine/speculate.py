@@ -47,6 +47,16 @@ def accept(draft: list[int], picks: list[int]) -> list[int]:
     return draft[:n] + [picks[n]]
 
 
+def settle_row(draft: list[int], picks: list[int], cache, seat: int, computed: int) -> list[int]:
+    """One verify row after the forward: it ran its last token and `draft` from position `computed` on, so the cache
+    holds computed + 1 + len(draft) tokens for `seat`. Returns what the reply gains, and cuts the rejected guesses'
+    keys and values: the cache keeps the last token and the guesses kept, computed + len(gained) tokens."""
+    gained = accept(draft, picks)
+    if len(gained) <= len(draft):  # some guesses were rejected
+        cache.truncate(seat, computed + len(gained))
+    return gained
+
+
 def lookup(tokens: list[int], k: int, longest: int = 3) -> list[int]:
     """Prompt lookup: the (up to) k tokens that followed the latest earlier occurrence of the sequence's last n
     tokens, for the largest n <= `longest` that occurs earlier; [] when even the last token never did."""
@@ -128,6 +138,7 @@ class Speculator:
 
     def __init__(self, k: int = 0, drafter: NgramDrafter | ModelDrafter | None = None):
         self.k, self.drafter = k, drafter
+        self.settle_row = settle_row  # (lesson 11 puts yours here)
         self.proposed: list[Request] = []
         self.verified: dict[str, tuple[list[int], int]] = {}  # this step: id -> (guesses checked, how many kept)
 
@@ -150,12 +161,10 @@ class Speculator:
                 kept.append(n)
                 continue
             draft = r.draft[:checked]
-            new = accept(draft, picks[at : at + checked + 1])
+            new = self.settle_row(draft, picks[at : at + checked + 1], cache, r.seat, r.num_computed + n - 1 - checked)
             gained[r.id] = len(new)
             at += checked + 1
             rejected = checked - (len(new) - 1)
-            if rejected:
-                cache.truncate(r.seat, r.num_computed + n - rejected)
             if draft:
                 self.verified[r.id] = (draft, len(new) - 1)
                 r.drafts_verified, r.drafts_accepted = r.drafts_verified + checked, r.drafts_accepted + len(new) - 1

@@ -1,0 +1,214 @@
+"""Lesson 11: speculative decoding's acceptance rule and rollback. Run: pytest -m lesson11
+
+Your settle_row keeps a verify row's guesses up to the first one the model disagrees with, adds the model's own
+pick there, and cuts the rejected guesses' keys and values out of the cache. Checked on hand-made rows against a
+cache that records what you cut, then inside the real engine (both caches, a draft that is right part of the
+time), where every reply must equal the plain loop's token for token and the cache must hold exactly the kept
+tokens after every step.
+"""
+
+from __future__ import annotations
+
+import functools
+
+import pytest
+import torch
+
+from minillm.config import EngineConfig
+from minillm.engine.engine import Engine
+from minillm.engine.request import Request
+from minillm.engine.scheduler import ContinuousScheduler
+from minillm.engine.speculate import settle_row as reference_settle_row
+from tests.lessons.harness import CHECKS, expected_reply, first_difference, implementations, small_model, stub
+from tests.lessons.harness import student_module as student
+
+lesson = pytest.mark.lesson11  # your code's checks: pytest -m lesson11
+
+
+@pytest.fixture(params=implementations(lesson))
+def settle_row(request):
+    return reference_settle_row if request.param == "reference" else student("lesson11_speculate").settle_row
+
+
+class RecordingCache:
+    """Stands for a KV cache: it holds `length` tokens for one seat and records every truncate."""
+
+    def __init__(self, seat: int, length: int):
+        self.seat, self.length, self.cuts = seat, length, []
+
+    def truncate(self, seat: int, num_tokens: int) -> None:
+        assert seat == self.seat, f"you truncated seat {seat}; the row's seat is {self.seat}"
+        self.cuts.append(num_tokens)
+        self.length = num_tokens
+
+
+ROWS = {  # name: (draft, picks)
+    "every guess right": ([5, 6, 7], [5, 6, 7, 8]),
+    "the second guess wrong": ([5, 6, 7], [5, 9, 7, 8]),
+    "the first guess wrong": ([5, 6, 7], [1, 6, 7, 8]),
+    "a later guess right again after a miss": ([5, 6, 7, 4], [5, 9, 7, 4, 2]),
+    "one guess, right": ([3], [3, 4]),
+    "one guess, wrong": ([3], [8, 4]),
+    "no guess at all": ([], [4]),
+}
+
+
+def reference_gain(draft, picks):
+    n = 0
+    while n < len(draft) and draft[n] == picks[n]:
+        n += 1
+    return draft[:n] + [picks[n]]
+
+
+def diagnose_gain(draft, picks, got) -> str:
+    want = reference_gain(draft, picks)
+    n = len(want) - 1
+    if not isinstance(got, list) or not all(isinstance(t, int) for t in got):
+        return f"return a list of token ids, got {got!r}"
+    if got == draft[: len(got)] and len(got) == n:
+        return "you forgot the model's own token: after the guesses you keep, add picks[n], the model's pick there"
+    if len(got) > len(want) and got[:n] == want[:n]:
+        return (
+            "you kept guesses after the first miss: a guess after a wrong one was made from a wrong prefix, so "
+            "stop at the first guess that differs from the model's pick, even if a later one happens to match"
+        )
+    if got[:-1] == want[:-1] and got[-1] == picks[-1] != want[-1]:
+        return "the model's own token is picks[n] (its pick where you stopped), not the last pick"
+    if got and got[:n] != want[:n]:
+        return "compare each guess with the model's pick at the same place: draft[i] with picks[i] (picks[0] comes after the row's last token)"
+    return "the tokens differ from the rule"
+
+
+def check_row(settle_row, name: str, computed: int = 10, seat: int = 2) -> None:
+    draft, picks = ROWS[name]
+    cache = RecordingCache(seat, computed + 1 + len(draft))
+    got = settle_row(list(draft), list(picks), cache, seat, computed)
+    want = reference_gain(draft, picks)
+    assert got == want, (
+        f"{name}: draft {draft}, picks {picks}: you returned {got}, expected {want}.\n  {diagnose_gain(draft, picks, got)}"
+    )
+    keep = computed + len(want)
+    if len(want) == len(draft) + 1:
+        assert not cache.cuts or cache.length == keep, (
+            f"{name}: nothing was rejected, yet you cut the cache to {cache.length} tokens (it holds {keep}: all of "
+            "them are right)"
+        )
+        return
+    assert cache.cuts, (
+        f"{name}: {len(draft) + 1 - len(want)} guess(es) were rejected but you left their keys and values in the "
+        f"cache: call cache.truncate(seat, {keep}), or the next tokens would be written after wrong ones"
+    )
+    assert cache.length == keep, (
+        f"{name}: the row started at position {computed} and the reply gains {len(want)} token(s); you kept "
+        f"{cache.length} tokens in the cache, expected {keep} (the row's last token and the {len(want) - 1} guess(es) "
+        f"kept: computed + len(gained); the model's own pick is not in the cache yet)"
+        + (" : an off-by-one" if abs(cache.length - keep) == 1 else "")
+    )
+
+
+# --- inside the real engine --------------------------------------------------------------------------
+@functools.cache
+def noisy_draft():
+    """The test model with noise in its weights: its guesses are right part of the time."""
+    model = small_model("gqa")
+    draft = type(model)(model.cfg)
+    draft.load_state_dict(model.state_dict())
+    with torch.no_grad():
+        for p in draft.parameters():
+            p.add_(torch.randn(p.shape, generator=torch.Generator().manual_seed(p.numel())) * 0.5 * p.std())
+    return draft.eval()
+
+
+def check_engine(settle_row, kv: str, k: int) -> None:
+    model = small_model("gqa")
+    cfg = EngineConfig(slots=3, kv=kv, block_size=4, max_len=model.cfg.max_seq_len, speculate=k)
+    engine = Engine(model, ContinuousScheduler(), cfg, draft=noisy_draft())
+    engine.speculator.settle_row = settle_row
+    requests = [Request(f"r{i}", [257] + [(31 * i + 7 * j) % 256 for j in range(3 + i)], 12 + 5 * i,
+                        arrival_step=i, ignore_eos=True) for i in range(5)]  # fmt: skip
+    for r in requests:
+        engine.submit(r)
+    while engine.has_work():
+        assert engine.step_no < 400, "the replies stopped growing: does every verify row gain at least one token?"
+        engine.step()
+        for r in engine.running():
+            held = engine.cache.seat_tokens(r.seat)
+            assert held == r.num_computed, (
+                f"step {engine.step_no - 1}, {kv} cache: {r.id}'s seat holds {held} tokens, but {r.num_computed} "
+                "are right: " + ("rejected guesses' keys and values were kept" if held > r.num_computed else
+                                 "you cut tokens that were kept")  # fmt: skip
+            )
+    for r in requests:
+        want = expected_reply(model, tuple(r.prompt_ids), r.max_new_tokens, r.ignore_eos)
+        assert r.output_ids == want, f"{r.id} with k = {k}: {first_difference(want, r.output_ids)}"
+    assert sum(r.drafts_accepted for r in requests) < sum(r.drafts_verified for r in requests)  # (misses happened)
+
+
+def check_all(settle_row) -> None:
+    for name in ROWS:
+        check_row(settle_row, name)
+    for kv in ("paged", "contiguous"):
+        check_engine(settle_row, kv, 3)
+
+
+@pytest.mark.parametrize("name", ROWS)
+def test_a_verify_row_is_settled_by_the_rule(settle_row, name):
+    check_row(settle_row, name)
+
+
+@pytest.mark.parametrize("kv", ["paged", "contiguous"])
+@pytest.mark.parametrize("k", [1, 4])
+def test_the_real_engine_stays_token_exact_and_keeps_only_the_kept_tokens(settle_row, kv, k):
+    check_engine(settle_row, kv, k)
+
+
+# --- the checks catch plausible mistakes ----------------------------------------------------------
+def written_out(past_first_miss=False, bonus=True, last_pick=False, shift=0, truncate=True, compare_ahead=False):
+    """A settle_row written out, with switches for the mistakes below."""
+
+    def settle(draft, picks, cache, seat, computed):
+        offset = 1 if compare_ahead else 0
+        if past_first_miss:
+            kept = [d for i, d in enumerate(draft) if d == picks[i]]
+            n = len(kept)
+        else:
+            n = 0
+            while n < len(draft) and n + offset < len(picks) and draft[n] == picks[n + offset]:
+                n += 1
+            kept = draft[:n]
+        gained = kept + ([picks[-1] if last_pick else picks[n]] if bonus else [])
+        if truncate and n < len(draft):
+            cache.truncate(seat, computed + n + 1 + shift)
+        return gained
+
+    return settle
+
+
+WRONG = {
+    "accepts-past-the-first-miss": (dict(past_first_miss=True), "after the first miss"),
+    "forgets-the-models-own-token": (dict(bonus=False), "forgot the model's own token"),
+    "takes-the-last-pick-as-its-own-token": (dict(last_pick=True), "not the last pick"),
+    "compares-each-guess-with-the-next-pick": (dict(compare_ahead=True), "at the same place"),
+    "keeps-one-token-too-many": (dict(shift=1), "off-by-one"),
+    "keeps-one-token-too-few": (dict(shift=-1), "off-by-one"),
+    "keeps-the-rejected-kv": (dict(truncate=False), "left their keys and values"),
+}
+
+
+@CHECKS
+def test_a_correct_version_passes():
+    check_all(written_out())
+
+
+@CHECKS
+@pytest.mark.parametrize("name", WRONG)
+def test_the_checks_catch_a_wrong_settle_and_name_the_mistake(name):
+    switches, hint = WRONG[name]
+    with pytest.raises(AssertionError, match=hint):
+        check_all(written_out(**switches))
+
+
+@CHECKS
+def test_the_stub_is_rejected():
+    with pytest.raises(NotImplementedError):
+        check_all(stub)
