@@ -176,6 +176,14 @@ def test_my_scheduler_stub_says_it_is_not_implemented():
     assert [i.value for i in at.info] == [NOT_IMPLEMENTED]
 
 
+def test_speculation_draws_each_steps_guesses_in_the_chat():
+    at = open_app(schedule="continuous", speculate=4, step=40)
+    assert not at.exception and not at.error
+    chat = next(m.value for m in at.markdown if "data-chat" in m.value)
+    assert "guesses the model kept" in chat and "data-kept" in chat  # the legend, and a reply with its guesses
+    assert int(figure(at, "tokens this step")[0]) > 4  # 4 users, several tokens each in one step
+
+
 def test_switching_workload_shows_its_knobs():
     at = open_app(requests=6, mean_reply=10, schedule="continuous")
     at.selectbox(key="workload").set_value("chat").run()

@@ -474,3 +474,35 @@ def test_the_chat_window_reads_like_a_chat(traces):
     for reply in frame.replies:
         assert f'data-request="{reply.id}"' in chat and escape(reply.prompt) in chat
     assert "done" in chat and "finished (length)" in chat  # the words, and the engine's status in the tooltip
+
+
+def test_a_speculative_step_draws_kept_and_rejected_guesses():
+    """With speculation a decode row makes several tokens in a step: the replies grow by them, and the step's
+    guesses are drawn on the reply's end (kept, the model's own token, rejected) as the trace recorded them."""
+    model = random_model("gqa")
+    noisy = random_model("gqa")
+    with torch.no_grad():
+        for p in noisy.parameters():
+            p.add_(torch.randn(p.shape, generator=torch.Generator().manual_seed(p.numel())) * 0.5 * p.std())
+    engine = Engine(model, ContinuousScheduler(), EngineConfig(slots=2, max_len=256, speculate=3), draft=noisy)
+    for i in range(2):
+        engine.submit(Request(f"s{i}", [BOS, 40 + i, 41, SEP], 20, ignore_eos=True))
+    trace = engine.run()
+    player = TracePlayer(trace, 600)
+    drawn = kept_and_rejected = 0
+    for step, record in enumerate(trace.steps):
+        frame = player.frame(step)
+        for reply in frame.replies:
+            assert reply.text == text_at_step(trace, reply.id, step)
+            if reply.id not in record.drafts:
+                assert reply.guesses is None
+                continue
+            draft, n = record.drafts[reply.id], record.accepted[reply.id]
+            kept, own, rejected = reply.guesses
+            assert (kept, rejected) == (decode(draft[:n]), decode(draft[n:])) and reply.text.endswith(kept + own)
+            chat = replies_html([reply])
+            assert "data-kept" in chat and "guesses it rejected" in chat
+            drawn += 1
+            kept_and_rejected += bool(n and draft[n:])
+    assert drawn and kept_and_rejected, "the run meant to show steps with guesses kept and rejected"
+    assert max(entry[4] for s in trace.steps for entry in s.seats) > 1  # several tokens in one step

@@ -63,36 +63,37 @@ def serve(model: Transformer, requests: list[Request], slots: int, k: int, draft
     return engine.run()
 
 
-def decode_rate(model: Transformer, draft, batch: int, k: int, seed: int) -> tuple[float, float | None]:
+def decode_rate(model: Transformer, draft, batch: int, k: int, seed: int, steps: int | None = None):
     """`batch` users decoding together: output tokens / seconds over the steps in which every one of them decoded
-    (up to the first reply's end), and what a verify row gained per step (None without speculation)."""
+    (up to the first reply's end, or `steps` such steps), and what a verify row gained per step (None without
+    speculation)."""
     engine = engine_for(model, batch, k, draft=draft)
     for r in long_countdowns(batch, seed):
         engine.submit(r)
-    tokens = seconds = rows = kept = 0
-    while engine.has_work():
+    tokens = seconds = rows = kept = counted = 0
+    while engine.has_work() and counted != steps:
         record = engine.step()
         if record.finished:
             break
         if len(record.seats) == batch and all(entry[2] == "decode" for entry in record.seats):
-            tokens, seconds = tokens + record.tokens, seconds + record.wall_s
+            tokens, seconds, counted = tokens + record.tokens, seconds + record.wall_s, counted + 1
             rows, kept = rows + len(record.drafts), kept + sum(record.accepted.values())
     return tokens / seconds, (kept + rows) / rows if rows else None
 
 
-def measure_batches(model, draft, batches, rounds: int) -> list[dict]:
+def measure_batches(model, draft, batches, rounds: int, ks=KS, steps: int | None = None) -> list[dict]:
     rows = []
     for batch in batches:
-        rates: dict[int, list[float]] = {k: [] for k in (0, *KS)}
-        gains: dict[int, list[float]] = {k: [] for k in KS}
+        rates: dict[int, list[float]] = {k: [] for k in (0, *ks)}
+        gains: dict[int, list[float]] = {k: [] for k in ks}
         for round_ in range(rounds):
-            for k in (0, *KS):  # paired: every k beside a run without, round after round, on the same requests
-                rate, gain = decode_rate(model, draft, batch, k, seed=round_)
+            for k in (0, *ks):  # paired: every k beside a run without, round after round, on the same requests
+                rate, gain = decode_rate(model, draft, batch, k, round_, steps)
                 rates[k].append(rate)
                 if k:
                     gains[k].append(gain)
         row = {"batch": batch, "tokens_per_s": statistics.median(rates[0])}
-        for k in KS:
+        for k in ks:
             row[f"k{k}_tokens_per_s"] = statistics.median(rates[k])
             row[f"k{k}_speedup"] = statistics.median(s / p for s, p in zip(rates[k], rates[0]))
             row[f"k{k}_tokens_per_row"] = statistics.median(gains[k])
@@ -128,7 +129,7 @@ CARDS = ("rtx-4090", "h100-sxm")
 ALPHAS = (0.6, 0.7, 0.8, 0.9)
 
 
-def predictions(model, draft, rows: list[dict], batches: list[int]) -> dict:
+def predictions(model, draft, rows: list[dict], batches: list[int], machine=None, ks=KS) -> dict:
     """The cost model's speedup at each measured batch and its crossover, on this machine (the acceptance rate the
     runs measured, per k), and for Llama-3.1-8B drafted by Llama-3.2-1B on real cards (acceptance rate as input)."""
     from minillm.card.hardware import get_device, this_machine
@@ -142,10 +143,10 @@ def predictions(model, draft, rows: list[dict], batches: list[int]) -> dict:
         this_machine_pricing,
     )
 
-    machine = this_machine(progress=False)
+    machine = machine or this_machine(progress=False)  # (calibrated once, then read from the cache)
     target, small = spec_of(model.cfg, "minillm"), spec_of(draft.cfg, "minillm-draft")
     out = {"context": CONTEXT_HERE, "alpha": {}, "speedup": {}, "crossover": {}, "machine": machine.label}
-    for k in KS:
+    for k in ks:
         alpha = alpha_from_tokens(statistics.median(r[f"k{k}_tokens_per_row"] for r in rows), k)
         pricing = this_machine_pricing(model, draft, k)
         out["alpha"][k] = alpha

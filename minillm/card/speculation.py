@@ -129,11 +129,20 @@ def verify_step_s(target: ModelSpec, device: Device, batch: int, k: int, context
 def crossover(target: ModelSpec, draft: ModelSpec, device: Device, k: int, alpha: float, context: int = 512,
               pricing: Pricing = Pricing(), largest: int = 4096) -> int | None:  # fmt: skip
     """The smallest batch at which a speculative step makes fewer tokens/s than a plain one (None: not up to
-    `largest`; 1: it never pays at all)."""
-    for batch in range(1, largest + 1):
-        if speculation_cost(target, draft, device, batch, k, alpha, context, pricing).speedup < 1:
-            return batch
-    return None
+    `largest`; 1: it never pays at all). Doubling the batch until it falls below 1, then bisecting."""
+    pays = lambda batch: speculation_cost(target, draft, device, batch, k, alpha, context, pricing).speedup >= 1
+    if not pays(1):
+        return 1
+    low = 1  # pays at `low`
+    while pays(min(2 * low, largest)):
+        if 2 * low >= largest:
+            return None
+        low *= 2
+    high = min(2 * low, largest)  # does not pay at `high`
+    while high - low > 1:
+        middle = (low + high) // 2
+        low, high = (middle, high) if pays(middle) else (low, middle)
+    return high
 
 
 def spec_of(cfg: ModelConfig, name: str) -> ModelSpec:

@@ -75,7 +75,10 @@ def diagnose_gain(draft, picks, got) -> str:
     if got[:-1] == want[:-1] and got[-1] == picks[-1] != want[-1]:
         return "the model's own token is picks[n] (its pick where you stopped), not the last pick"
     if got and got[:n] != want[:n]:
-        return "compare each guess with the model's pick at the same place: draft[i] with picks[i] (picks[0] comes after the row's last token)"
+        return (
+            "compare each guess with the model's pick at the same place: draft[i] with picks[i] (picks[0] comes "
+            "after the row's last token)"
+        )
     return "the tokens differ from the rule"
 
 
@@ -84,9 +87,8 @@ def check_row(settle_row, name: str, computed: int = 10, seat: int = 2) -> None:
     cache = RecordingCache(seat, computed + 1 + len(draft))
     got = settle_row(list(draft), list(picks), cache, seat, computed)
     want = reference_gain(draft, picks)
-    assert got == want, (
-        f"{name}: draft {draft}, picks {picks}: you returned {got}, expected {want}.\n  {diagnose_gain(draft, picks, got)}"
-    )
+    why = diagnose_gain(draft, picks, got)
+    assert got == want, f"{name}: draft {draft}, picks {picks}: you returned {got}, expected {want}.\n  {why}"
     keep = computed + len(want)
     if len(want) == len(draft) + 1:
         assert not cache.cuts or cache.length == keep, (
@@ -135,8 +137,12 @@ def check_engine(settle_row, kv: str, k: int) -> None:
             held = engine.cache.seat_tokens(r.seat)
             assert held == r.num_computed, (
                 f"step {engine.step_no - 1}, {kv} cache: {r.id}'s seat holds {held} tokens, but {r.num_computed} "
-                "are right: " + ("rejected guesses' keys and values were kept" if held > r.num_computed else
-                                 "you cut tokens that were kept")  # fmt: skip
+                "are right: "
+                + (
+                    "rejected guesses' keys and values were kept"
+                    if held > r.num_computed
+                    else "you cut tokens that were kept"
+                )  # fmt: skip
             )
     for r in requests:
         want = expected_reply(model, tuple(r.prompt_ids), r.max_new_tokens, r.ignore_eos)
