@@ -7,7 +7,7 @@ from hypothesis import strategies as st
 from minillm.engine.blocks import BlockAllocator, BlockPoolExhausted
 
 operations = st.lists(
-    st.tuples(st.sampled_from(["allocate", "append", "free"]), st.integers(0, 5), st.integers(1, 40)),
+    st.tuples(st.sampled_from(["allocate", "append", "free", "truncate"]), st.integers(0, 5), st.integers(1, 40)),
     max_size=60,
 )
 
@@ -25,6 +25,8 @@ def test_random_operations_keep_every_invariant(num_blocks, block_size, ops):
                 alloc.append(seq, n)
             elif op == "free":
                 alloc.free(seq)
+            elif op == "truncate" and seq in alloc.tables:  # (speculative decoding's rollback)
+                alloc.truncate(seq, n % (alloc.lengths[seq] + 1))
         except BlockPoolExhausted:
             after = (alloc.num_free, {s: list(t) for s, t in alloc.tables.items()})
             assert after == before, "a failed allocation must change nothing"

@@ -179,14 +179,17 @@ class BlockAllocator:
 
         The sequence's last blocks go on the free list first, so that its first blocks (the
         prefix others are most likely to share) are the last to be handed out again."""
-        for block in reversed(self.tables.pop(seq, [])):
+        self._let_go(self.tables.pop(seq, []))
+        self.lengths.pop(seq, None)
+        self.hashed.pop(seq, None)
+
+    def _let_go(self, blocks: list[int]) -> None:
+        for block in reversed(blocks):
             self.ref_counts[block] -= 1
             if self.ref_counts[block] == 0:
                 self.free_blocks[block] = None
             else:
                 self.extra_holds -= 1
-        self.lengths.pop(seq, None)
-        self.hashed.pop(seq, None)
 
     def truncate(self, seq: int, num_tokens: int) -> None:
         """Keep `seq`'s first `num_tokens` tokens and forget the rest (a draft's rejected guesses: speculate.py).
@@ -198,12 +201,7 @@ class BlockAllocator:
         if not keyed <= num_tokens <= length:
             raise ValueError(f"sequence {seq} holds {length} tokens ({keyed} keyed): cannot keep {num_tokens}")
         keep = self.blocks_for(num_tokens)
-        for block in reversed(table[keep:]):
-            self.ref_counts[block] -= 1
-            if self.ref_counts[block] == 0:
-                self.free_blocks[block] = None
-            else:
-                self.extra_holds -= 1
+        self._let_go(table[keep:])
         del table[keep:]
         self.lengths[seq] = num_tokens
 

@@ -189,7 +189,8 @@ def speculator_for(cfg: EngineConfig, runner, max_len: int, draft=None) -> Specu
     if cfg.drafter == "ngram":
         return Speculator(cfg.speculate, NgramDrafter())
     draft = draft if draft is not None else load_model(DRAFT_CHECKPOINT, runner.device)
-    if draft.cfg.vocab_size != runner.vocab_size:
-        raise ConfigError(f"the draft model's vocabulary ({draft.cfg.vocab_size}) is not the model's "
-                          f"({runner.vocab_size}): a draft must share the tokenizer")  # fmt: skip
+    if draft.cfg.vocab_size != runner.vocab_size or draft.cfg.max_seq_len < max_len:
+        shape = f"{draft.cfg.vocab_size} tokens, context {draft.cfg.max_seq_len}"
+        raise ConfigError(f"a draft model must share the model's tokenizer ({runner.vocab_size} tokens) and cover "
+                          f"its context ({max_len}); this one has {shape}")  # fmt: skip
     return Speculator(cfg.speculate, ModelDrafter(draft, cfg.slots, max_len))
