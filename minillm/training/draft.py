@@ -15,4 +15,4 @@ from minillm.training.train import TrainConfig
 # 1 layer of width 128 (2 query heads sharing 1 key/value head, head_dim 64): about 0.23 M parameters.
 DRAFT_MODEL = ModelConfig(dim=128, n_layers=1, n_heads=2, n_kv_heads=1, ffn_dim=352)
 # A smaller model takes a larger learning rate; fewer steps keep training within minutes on 2 cores.
-DRAFT_TRAINING = TrainConfig(steps=600, lr=3e-3, warmup_steps=60)
+DRAFT_TRAINING = TrainConfig(steps=800, lr=3e-3, warmup_steps=80)

@@ -160,7 +160,9 @@ def sidebar(where=None) -> tuple[dict, str, str]:
         num_blocks = bar.number_input("KV blocks (0: as much memory as contiguous)", 0, 4096, 0, key="num_blocks")
         prefix = bar.toggle("prefix caching", False, key="prefix_caching",
                             help="requests whose prompts start alike share those KV blocks")  # fmt: skip
-    speculate = bar.select_slider("speculative decoding (draft tokens per step)", [0, 1, 2, 4, 8], 0, key="speculate",
+    asked = st.query_params.get("speculate", "0")  # ?speculate=4 opens with it on (a link; docs/screenshot.sh)
+    speculate = bar.select_slider("speculative decoding (draft tokens per step)", [0, 1, 2, 4, 8],
+                                  int(asked) if asked in ("1", "2", "4", "8") else 0, key="speculate",
                                   format_func=lambda k: "off" if k == 0 else str(k),
                                   help="each decoding user guesses k tokens with the draft model; the model checks "
                                   "them in the same step and keeps the right ones")  # fmt: skip
