@@ -21,8 +21,11 @@ CORE = ("engine", "model")
 # The move (issue 18) left the core at 1,882 lines of its ~1,900. What came after, each asked for by an issue: the
 # allocator's debug mode and events, one live request per id, prefixes shared mid-prefill (issue 25); KV freed
 # after the step's record (issue 19); fused q/k/v and gate/up, with files kept in Llama's layout (issue 22).
+# Issue 24 added a new idea to the core, speculative decoding: engine/speculate.py (the drafters, acceptance,
+# rollback: 190 lines) and what it needs elsewhere (a request's draft, verify rows in packing and the runner, the
+# allocator's truncate, the guesses in the trace): 1,930 -> 2,191 lines.
 # Growing past this is a decision, made here with its reason, not a drift.
-CORE_MAX_LINES = 1_950
+CORE_MAX_LINES = 2_200
 FILE_MAX_LINES = 300
 
 
