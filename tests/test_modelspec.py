@@ -17,6 +17,7 @@ PUBLISHED = {
     "mistral-7b": 7_241_732_096,  # mistralai/Mistral-7B-v0.1: general.parameter_count
     "qwen2.5-7b": 7_615_616_512,  # Qwen/Qwen2.5-7B: safetensors.total
     "qwen3-0.6b": 596_049_920,  # Qwen/Qwen3-0.6B: transformers' model.num_parameters()
+    "llama-2-7b": 6_738_415_616,  # meta-llama/Llama-2-7b-hf: llama.cpp's general.parameter_count, transformers' too
 }
 
 

@@ -38,7 +38,7 @@ def test_whatif_json_answers_the_workshop_question(capsys):
 
 def test_whatif_says_when_the_users_do_not_fit(capsys):
     code, out, _ = run_cli(capsys, "whatif", "--batch", "40")
-    assert code == 0 and "they do not fit" in out and "40 users fit at 1280 tokens each" in out
+    assert code == 0 and "they do not fit" in out and "40 users fit at 1,280 tokens each" in out
     code, out, _ = run_cli(capsys, "whatif", "--batch", "40", "--json")
     p = json.loads(out)
     assert not p["fits"] and p["at_fitting_context"]["context"] == p["max_context_at_batch"] == 1280
@@ -104,22 +104,11 @@ def test_calibrate_command(capsys, cache_home, monkeypatch):
 
 
 def test_whatif_on_this_machine_reads_the_calibration(capsys, cache_home):
-    saved = {"device": "cpu", "name": "test cpu", "memory_bytes": 8 * 2**30, "bandwidth": 20e9,
-             "flops": {"fp32": 1e11}, "launch_s": 5e-6, "measured_at": "now"}  # fmt: skip
+    saved = {"version": calibrate.VERSION, "device": "cpu", "name": "test cpu", "memory_bytes": 8 * 2**30,
+             "bandwidth": 20e9, "flops": {"fp32": 1e11}, "launch_s": 5e-6, "measured_at": "now"}  # fmt: skip
     (cache_home / "minillm").mkdir()
     (cache_home / "minillm" / "calibration-cpu.json").write_text(json.dumps(saved))
     code, out, _ = run_cli(capsys, "whatif", "--model", "minillm-tiny", "--gpu", "this-machine",
-                           "--device", "cpu", "--dtype", "fp32", "--json")  # fmt: skip
+                           "--device", "cpu", "--dtype", "fp32", "--context", "512", "--json")  # fmt: skip
     p = json.loads(out)
     assert code == 0 and p["gpu"] == "this-machine" and p["ridge_intensity"] == pytest.approx(1e11 / 20e9)
-
-
-def test_validate_reports_rows_and_the_median_error(cache_home):
-    from minillm.card.whatif import validate
-
-    v = validate("cpu", batches=(2,), contexts=(8,), repeats=2, rounds=1, progress=False, sizes=TINY_SIZES)
-    assert [(r["batch"], r["context"]) for r in v["rows"]] == [(2, 8)]
-    for r in v["rows"]:
-        assert r["predicted_s"] > 0 and r["measured_s"] > 0 and r["ops"] > 0
-        assert r["error"] == pytest.approx(r["predicted_s"] / r["measured_s"] - 1)
-    assert v["median_abs_error"] >= 0

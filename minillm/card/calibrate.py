@@ -1,21 +1,20 @@
-"""Measure this machine the way the datasheets describe a card: bandwidth, FLOP/s, and a fixed cost per op.
+"""Measure this machine the way the datasheets describe a card, and the few rates more a real runtime needs.
 
-Microbenchmarks, none of them the model:
-- bandwidth, two ways, on data far bigger than any cache. A copy reads and writes every byte
-  (bytes moved = 2 x size): what the memory can do. A matrix-vector product reads a big matrix
-  once: what decode gets, since decode streams every weight through one. On a GPU the two
-  agree within a few percent; on a CPU the matrix-vector product can reach far less than the
-  copy (on this project's 2-core machine, about a third). The cost model uses the second.
-- FLOP/s: one large square matmul per dtype (2 n^3 FLOPs): fp32, and bf16 / fp16 where the
-  device has a fast path for them (a dtype slower than fp32 is left out: nobody would run it).
-- fixed cost per op: ops on tiny tensors, where the work is nothing and the time is all Python,
-  dispatch and (on a GPU) kernel launch. Two figures: an empty op repeated (the floor), and a
-  mixed sequence of the kinds a transformer step calls (module calls, a matmul, a norm, views,
-  an index, slices and a cat, attention), which is what a model's calls cost on average: on
-  this project's 2-core machine the mix costs about 3x the empty op. The cost model uses the mix.
-Each figure is a median of repeats (machines are shared). The result is a small JSON file in
-the user's cache directory ($XDG_CACHE_HOME/minillm, else ~/.cache/minillm), which
-`--gpu this-machine` reads (hardware.this_machine).
+A datasheet gives two numbers, bandwidth and FLOP/s: the roofline (roofline.py) needs nothing else.
+The op-by-op predictor (opcost.py) that explains a step measured HERE needs what a runtime adds
+to them, each measured by a microbenchmark of its own (microbench.py), none of them the model:
+- bandwidth, through a large copy and through a matrix-vector product over data far bigger than the
+  last-level cache (the roofline's bandwidth: what decode gets);
+- matmul FLOP/s: a large square matmul per dtype (the roofline's peak), and by rows, 1 to 512,
+  through a matrix that stays in the cache (a 1-row matmul reaches a fraction of the peak);
+- streaming: how fast that 1-row matmul reads its matrix from memory instead (weights beyond the cache);
+- attention over the KV cache: the paged cache's own attend() for one layer, at several sizes;
+- elementwise bandwidth (norms, rotary, SiLU, residual adds);
+- the fixed cost per torch call: Python, dispatch and (on a GPU) the kernel launch, from a mix of the
+  tiny ops a step makes (on this project's 2-core machine about 3x an empty op).
+About 15 s on 2 CPU cores (goal: at most 60). The result is a small JSON file in the user's cache
+directory ($XDG_CACHE_HOME/minillm, else ~/.cache/minillm), which `--gpu this-machine` reads
+(hardware.this_machine); a file from an older version of this list is measured again.
 """
 
 from __future__ import annotations
@@ -23,14 +22,16 @@ from __future__ import annotations
 import json
 import os
 import platform
-import statistics
 import time
 from dataclasses import dataclass
 from pathlib import Path
 
 import torch
 
+from minillm.card import microbench as mb
 from minillm.model.checkpoint import resolve_device
+
+VERSION = 2  # what the file holds; an older file lacks the op-by-op rates and is measured again
 
 
 @dataclass(frozen=True)
@@ -39,6 +40,9 @@ class Sizes:
     matmul_n: int
     tiny_ops: int  # ops per timed loop
     repeats: int
+    op_by_op: bool = True  # also the rows curve, streaming, attention and elementwise rates (opcost.py)
+    attention_points: tuple = mb.ATTENTION_POINTS  # (sequences, cached tokens) timed through attend()
+    chunks: tuple = mb.PREFILL_CHUNKS  # prompt chunk lengths whose attention FLOP/s is timed
 
 
 DEFAULT_SIZES = {"cpu": Sizes(copy_mib=256, matmul_n=2048, tiny_ops=2000, repeats=7),
@@ -52,89 +56,6 @@ def cache_dir() -> Path:
 
 def calibration_path(device: str) -> Path:
     return cache_dir() / f"calibration-{device}.json"
-
-
-def _median_seconds(fn, repeats: int, device: torch.device) -> float:
-    def sync():
-        if device.type == "cuda":
-            torch.cuda.synchronize()
-
-    fn()  # warm-up: first calls pay for allocation and kernel selection
-    times = []
-    for _ in range(repeats):
-        sync()
-        start = time.perf_counter()
-        fn()
-        sync()
-        times.append(time.perf_counter() - start)
-    return statistics.median(times)
-
-
-def measure_copy_bandwidth(device: torch.device, mib: int, repeats: int) -> float:
-    """Bytes per second a large copy moves (read + write)."""
-    src = torch.ones(mib * 2**20 // 4, device=device)
-    dst = torch.empty_like(src)
-    seconds = _median_seconds(lambda: dst.copy_(src), repeats, device)
-    return 2 * src.numel() * 4 / seconds
-
-
-def measure_matvec_bandwidth(device: torch.device, mib: int, repeats: int) -> float:
-    """Bytes per second a matrix-vector product streams from a matrix of `mib` MiB (fp32)."""
-    cols = 4096
-    matrix = torch.randn(mib * 2**20 // (4 * cols), cols, device=device)
-    vector = torch.randn(cols, device=device)
-    return matrix.numel() * 4 / _median_seconds(lambda: matrix @ vector, repeats, device)
-
-
-def measure_matmul(device: torch.device, n: int, dtype: torch.dtype, repeats: int) -> float:
-    """Dense FLOP/s of an n x n x n matmul."""
-    a = torch.randn(n, n, device=device).to(dtype)
-    b = torch.randn(n, n, device=device).to(dtype)
-    return 2 * n**3 / _median_seconds(lambda: a @ b, repeats, device)
-
-
-def measure_op_cost(device: torch.device, ops: int, repeats: int) -> float:
-    """Seconds per op when the op does (almost) nothing: the floor every op pays."""
-    x, y = torch.ones(16, device=device), torch.ones(16, device=device)
-
-    def loop():
-        for _ in range(ops):
-            torch.add(x, y)
-
-    return _median_seconds(loop, repeats, device) / ops
-
-
-class _TinyNorm(torch.nn.Module):
-    def forward(self, x: torch.Tensor) -> torch.Tensor:
-        return x * torch.rsqrt(x.pow(2).mean(-1, keepdim=True) + 1e-5)
-
-
-def measure_op_mix_cost(device: torch.device, ops: int, repeats: int) -> float:
-    """Seconds per torch call in a mixed sequence of tiny ops of the kinds a transformer step makes:
-    module calls, a matmul, a norm, views, an index, slices and a cat, attention. Different kinds
-    cost different amounts (a view is metadata, a matmul enters a BLAS library, attention is a
-    dispatcher of its own), so an empty op repeated underestimates what a model's calls cost."""
-    norm, proj = _TinyNorm().to(device), torch.nn.Linear(16, 16, bias=False, device=device)
-    x = torch.randn(1, 1, 16, device=device)
-    table, position = torch.randn(64, 4, device=device), torch.tensor([3], device=device)
-    keys = torch.randn(1, 2, 4, 8, device=device)  # (batch, heads, cached tokens, head dim)
-
-    def mix() -> torch.Tensor:
-        h = proj(norm(x))  # (1, 1, 16)
-        q = h.view(1, 1, 2, 8).transpose(1, 2)  # (1, 2, 1, 8)
-        rotated = torch.cat((-q[..., 4:], q[..., :4]), dim=-1) * table[position][..., :1]
-        out = torch.nn.functional.scaled_dot_product_attention(rotated, keys, keys)  # (1, 2, 1, 8)
-        return h + out.transpose(1, 2).reshape(1, 1, 16)
-
-    with torch.no_grad():
-        calls = count_torch_calls(mix)
-        rounds = max(1, ops // calls)
-
-        def loop():
-            for _ in range(rounds):
-                mix()
-
-        return _median_seconds(loop, repeats, device) / (rounds * calls)
 
 
 def count_torch_calls(fn) -> int:
@@ -180,40 +101,65 @@ def calibrate(device: str = "auto", sizes: Sizes | None = None, progress: bool =
     """Run the microbenchmarks on cpu or cuda; save and return the figures."""
     from tqdm import tqdm
 
+    started = time.perf_counter()
     dev = resolve_device(device)
     s = sizes or DEFAULT_SIZES[dev.type]
     dtypes = {"fp32": torch.float32, "bf16": torch.bfloat16}
     if dev.type == "cuda":
         dtypes["fp16"] = torch.float16
-    steps = ["copy", "matrix-vector", *(f"matmul {d}" for d in dtypes), "op cost"]
+    steps = ["op cost", "copy", "matrix-vector", *(f"matmul {d}" for d in dtypes)]
+    steps += ["rows", "streaming", "attention", "elementwise"] * s.op_by_op
     bar = tqdm(steps, desc=f"calibrating {dev.type}", disable=not progress)
-    flops = {}
-    for step in bar:
-        bar.set_postfix_str(step)
-        if step == "copy":
-            copy = measure_copy_bandwidth(dev, s.copy_mib, s.repeats)
-        elif step == "matrix-vector":
-            bandwidth = measure_matvec_bandwidth(dev, s.copy_mib, s.repeats)
-        elif step == "op cost":
-            empty_op_s = measure_op_cost(dev, s.tiny_ops, s.repeats)
-            launch_s = measure_op_mix_cost(dev, s.tiny_ops, s.repeats)
-        else:
-            name = step.split()[1]
-            flops[name] = measure_matmul(dev, s.matmul_n, dtypes[name], s.repeats)
+    cache_bytes, main = mb.last_level_cache_bytes(dev), torch.float32  # the dtype minillm's forward runs in
+    flops, result = {}, {}
+    with torch.no_grad():
+        for step in bar:
+            bar.set_postfix_str(step)
+            if step == "op cost":
+                empty_op_s = mb.measure_op_cost(dev, s.tiny_ops, s.repeats)
+                launch_s = mb.measure_op_mix_cost(dev, s.tiny_ops, s.repeats)
+            elif step == "copy":
+                copy = mb.measure_copy_bandwidth(dev, s.copy_mib, s.repeats)
+            elif step == "matrix-vector":
+                bandwidth = mb.measure_matvec_bandwidth(dev, s.copy_mib, s.repeats)
+            elif step.startswith("matmul"):
+                name = step.split()[1]
+                flops[name] = mb.measure_matmul(dev, s.matmul_n, dtypes[name], s.repeats)
+            elif step == "rows":
+                curve = mb.measure_rows_curve(dev, main, launch_s, s.repeats)
+                result["rows_flops"] = {str(rows): rate for rows, rate in curve.items()}  # (JSON keys are text)
+            elif step == "streaming":
+                total = s.copy_mib * 2**20  # (256 MiB: 8x this machine's last-level cache; 1 GiB on a GPU)
+                result["stream_bandwidth"] = mb.measure_stream_bandwidth(dev, total, main, launch_s, s.repeats)
+            elif step == "attention":
+                result["attention"] = mb.measure_attention(dev, launch_s, s.repeats, s.attention_points, s.chunks)
+            else:
+                rates = mb.measure_elementwise(dev, launch_s, s.repeats)
+                result["elementwise_bandwidth"] = {str(size): rate for size, rate in rates.items()}
     fast = {name: rate for name, rate in flops.items() if name == "fp32" or rate > flops["fp32"]}
-    result = {
-        "device": dev.type,
-        "name": device_name(dev),
-        "memory_bytes": memory_bytes(dev),
-        "bandwidth": bandwidth,  # what decode gets: the matrix-vector figure
-        "copy_bandwidth": copy,
-        "flops": fast,
-        "launch_s": launch_s,  # what the cost model charges per call: the mix
-        "empty_op_s": empty_op_s,
-        "sizes": {"copy_mib": s.copy_mib, "matmul_n": s.matmul_n, "tiny_ops": s.tiny_ops, "repeats": s.repeats},
-        "torch": torch.__version__,
-        "measured_at": time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime()),
-    }
+    result = (
+        {
+            "version": VERSION,
+            "device": dev.type,
+            "name": device_name(dev),
+            "threads": torch.get_num_threads(),
+            "memory_bytes": memory_bytes(dev),
+            "cache_bytes": cache_bytes,  # the last-level cache: weights beyond it stream from memory every step
+            "bandwidth": bandwidth,  # what decode gets: the matrix-vector figure
+            "copy_bandwidth": copy,
+            "flops": fast,
+            "launch_s": launch_s,  # what the cost model charges per call: the mix
+            "empty_op_s": empty_op_s,
+            "compute_dtype": "fp32",  # the dtype of the op-by-op rates
+        }
+        | result
+        | {
+            "sizes": {"copy_mib": s.copy_mib, "matmul_n": s.matmul_n, "tiny_ops": s.tiny_ops, "repeats": s.repeats},
+            "seconds": time.perf_counter() - started,
+            "torch": torch.__version__,
+            "measured_at": time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime()),
+        }
+    )
     if save:
         path = calibration_path(dev.type)
         path.parent.mkdir(parents=True, exist_ok=True)
@@ -222,12 +168,14 @@ def calibrate(device: str = "auto", sizes: Sizes | None = None, progress: bool =
 
 
 def load_calibration(device: str) -> dict | None:
-    """The saved figures for 'cpu' or 'cuda', or None when this machine was never calibrated."""
+    """The saved figures for 'cpu' or 'cuda', or None when this machine was never calibrated (or by an older
+    version that lacks the op-by-op rates)."""
     path = calibration_path(device)
     try:
-        return json.loads(path.read_text())
+        cal = json.loads(path.read_text())
     except (OSError, ValueError):
         return None
+    return cal if isinstance(cal, dict) and cal.get("version") == VERSION else None
 
 
 def load_or_calibrate(device: str = "auto", progress: bool = True) -> dict:
@@ -237,10 +185,17 @@ def load_or_calibrate(device: str = "auto", progress: bool = True) -> dict:
 
 def describe(cal: dict) -> str:
     flops = ", ".join(f"{name} {rate / 1e9:,.0f} GFLOP/s" for name, rate in cal["flops"].items())
-    return (
+    text = (
         f"{cal['device']} ({cal['name']}): bandwidth {cal['bandwidth'] / 1e9:.1f} GB/s through a matrix-vector "
         f"product ({cal.get('copy_bandwidth', 0) / 1e9:.1f} GB/s in a copy); matmul {flops}; "
         f"fixed cost per op {cal['launch_s'] * 1e6:.2f} us in a mix of tiny ops"
         + (f" ({cal['empty_op_s'] * 1e6:.2f} us for an empty one)" if "empty_op_s" in cal else "")
-        + f"  [{cal['measured_at']}]"
     )
+    if "rows_flops" in cal:
+        rows = cal["rows_flops"]
+        text += (
+            f"; a matmul of 1 row reaches {rows['1'] / 1e9:.0f} GFLOP/s, of 512 rows {rows['512'] / 1e9:.0f}; "
+            f"1-row streaming from memory {cal['stream_bandwidth'] / 1e9:.1f} GB/s; last-level cache "
+            f"{cal['cache_bytes'] / 2**20:.0f} MiB; measured in {cal['seconds']:.0f} s"
+        )
+    return text + f"  [{cal['measured_at']}]"

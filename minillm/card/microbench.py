@@ -1,0 +1,216 @@
+"""The microbenchmarks calibration runs: each measures one rate of this machine, none of them a model.
+
+- bandwidth: a large copy (read + write, what the memory can do) and a matrix-vector product over
+  data far bigger than any cache (what decode gets: the roofline's bandwidth);
+- matmul FLOP/s: one large square matmul per dtype (the roofline's peak), and a mid-sized matrix
+  (in the last-level cache) multiplied by 1 to 512 rows: a 1-row matmul is a matrix-vector product
+  and reaches a fraction of the big one's FLOP/s; the rate climbs with the rows;
+- streaming: the same 1-row matmul over many such matrices that together are 4x the last-level
+  cache, so each is read from memory: what a model's layers get when its weights do not fit;
+- attention over the KV: the paged cache's own attend() (minillm/engine/kv_cache.py) for one layer,
+  from a few hundred kilobytes of keys and values to a hundred megabytes;
+- elementwise: a product of two tensors into a fresh one (norms, rotary, SiLU, residual adds);
+- the fixed cost per torch call: an empty op repeated, and a mix of the tiny ops a step makes.
+Each figure is a median of repeats (machines are shared). Times exclude the calls' fixed cost, which
+the cost model charges separately per counted call.
+"""
+
+from __future__ import annotations
+
+import statistics
+import time
+from pathlib import Path
+
+import torch
+
+ROWS = (1, 2, 4, 8, 16, 32, 64, 128, 256, 512)  # matmul rows measured: decode batches and prefill chunks
+MATRIX = (512, 1408)  # (in, out) of the rows-curve's matrix: 2.9 MB in fp32, a mid-sized layer's matrix
+ATTENTION_HEADS = (16, 4, 64)  # query heads, key/value heads, head dim of the attention microbenchmark
+# (sequences, cached tokens each): the first two hold the same bytes in 128 short rows and in 8 long ones (what a row
+# costs beyond its bytes); the rest grow the bytes from a few hundred kilobytes to past the size (a gathered copy of
+# 32 MiB) above which the allocator maps fresh pages for every copy (glibc's largest mmap threshold).
+ATTENTION_POINTS = ((128, 15), (8, 255), (1, 63), (1, 511), (16, 511), (32, 511), (64, 511), (128, 511))
+PREFILL_CHUNKS = (64, 512)  # chunk lengths whose attention FLOP/s is measured (on an empty cache)
+
+
+def median_seconds(fn, repeats: int, device: torch.device) -> float:
+    def sync():
+        if device.type == "cuda":
+            torch.cuda.synchronize()
+
+    fn()  # warm-up: first calls pay for allocation and kernel selection
+    fn()
+    times = []
+    for _ in range(repeats):
+        sync()
+        start = time.perf_counter()
+        fn()
+        sync()
+        times.append(time.perf_counter() - start)
+    return statistics.median(times)
+
+
+def last_level_cache_bytes(device: torch.device) -> int:
+    """The largest cache: a GPU's L2, a CPU's L3 (or L2) as Linux reports it for the first core; 0 if unknown."""
+    if device.type == "cuda":
+        return int(getattr(torch.cuda.get_device_properties(device), "L2_cache_size", 0))
+    sizes = []
+    for index in Path("/sys/devices/system/cpu/cpu0/cache").glob("index*"):
+        try:
+            if (index / "type").read_text().strip() in ("Unified", "Data"):
+                text = (index / "size").read_text().strip()
+                sizes.append(int(text[:-1]) * {"K": 2**10, "M": 2**20}[text[-1]] if text[-1] in "KM" else int(text))
+        except (OSError, ValueError):
+            continue
+    return max(sizes, default=0)
+
+
+def measure_copy_bandwidth(device: torch.device, mib: int, repeats: int) -> float:
+    """Bytes per second a large copy moves (read + write)."""
+    src = torch.ones(mib * 2**20 // 4, device=device)
+    dst = torch.empty_like(src)
+    seconds = median_seconds(lambda: dst.copy_(src), repeats, device)
+    return 2 * src.numel() * 4 / seconds
+
+
+def measure_matvec_bandwidth(device: torch.device, mib: int, repeats: int) -> float:
+    """Bytes per second a matrix-vector product streams from a matrix of `mib` MiB (fp32)."""
+    cols = 4096
+    matrix = torch.randn(mib * 2**20 // (4 * cols), cols, device=device)
+    vector = torch.randn(cols, device=device)
+    return matrix.numel() * 4 / median_seconds(lambda: matrix @ vector, repeats, device)
+
+
+def measure_matmul(device: torch.device, n: int, dtype: torch.dtype, repeats: int) -> float:
+    """Dense FLOP/s of an n x n x n matmul."""
+    a = torch.randn(n, n, device=device).to(dtype)
+    b = torch.randn(n, n, device=device).to(dtype)
+    return 2 * n**3 / median_seconds(lambda: a @ b, repeats, device)
+
+
+def measure_rows_curve(device: torch.device, dtype: torch.dtype, call_s: float, repeats: int) -> dict[int, float]:
+    """FLOP/s of x (rows, in) @ W.T for each of ROWS, W (out, in) staying in the last-level cache (a linear layer
+    repeated); the fixed cost of the call is taken out."""
+    inputs, outputs = MATRIX
+    weight = torch.randn(outputs, inputs, device=device).to(dtype)
+    rates = {}
+    for rows in ROWS:
+        x = torch.randn(rows, inputs, device=device).to(dtype)
+        seconds = median_seconds(lambda: torch.nn.functional.linear(x, weight), repeats, device)  # noqa: B023
+        rates[rows] = 2 * rows * inputs * outputs / max(seconds - call_s, seconds / 10)
+    return rates
+
+
+def measure_stream_bandwidth(device: torch.device, total_bytes: int, dtype: torch.dtype, call_s: float,
+                             repeats: int) -> float:  # fmt: skip
+    """Bytes per second a 1-row matmul reads when its matrix comes from memory: the rows-curve's matrix shape,
+    cycled through enough copies (`total_bytes`, several times the last-level cache) that none is still cached."""
+    inputs, outputs = MATRIX
+    size = inputs * outputs * dtype.itemsize
+    count = max(8, -(-total_bytes // size))
+    weights = [torch.randn(outputs, inputs, device=device).to(dtype) for _ in range(count)]
+    x = torch.randn(1, inputs, device=device).to(dtype)
+
+    def stream():
+        for w in weights:
+            torch.nn.functional.linear(x, w)
+
+    return count * size / max(median_seconds(stream, repeats, device) - count * call_s, 1e-9)
+
+
+def attention_cache(device: torch.device, sequences: int, cached: int, room: int):
+    """One layer's paged KV cache (ATTENTION_HEADS) whose `sequences` seats hold `cached` random tokens each."""
+    from minillm.config import ModelConfig
+    from minillm.engine.kv_cache import PagedKVCache
+
+    heads, kv_heads, head_dim = ATTENTION_HEADS
+    cfg = ModelConfig(dim=heads * head_dim, n_layers=1, n_heads=heads, n_kv_heads=kv_heads, ffn_dim=8,
+                      max_seq_len=cached + room)  # fmt: skip
+    cache = PagedKVCache(cfg, num_blocks=sequences * -(-(cached + room) // 16), device=device)
+    if cached:
+        cache.prepare(list(range(sequences)), cached)
+    cache.k.normal_()
+    cache.v.normal_()
+    return cache
+
+
+def measure_attention(device: torch.device, call_s: float, repeats: int, points=ATTENTION_POINTS,
+                      chunks=PREFILL_CHUNKS) -> list[dict]:  # fmt: skip
+    """The paged cache's attend() for one layer: store this step's keys and values, gather every sequence's
+    blocks, attend. For decode at ATTENTION_POINTS (bytes: the keys and values attended over, fp32) and for a
+    prompt chunk at PREFILL_CHUNKS (FLOPs: every query against every key, the masked ones included)."""
+    from minillm.card.calibrate import count_torch_calls
+
+    heads, kv_heads, head_dim = ATTENTION_HEADS
+    measured = []
+    shapes = [(sequences, cached, 1) for sequences, cached in points] + [(1, 0, n) for n in chunks]
+    for sequences, cached, chunk in shapes:
+        cache = attention_cache(device, sequences, cached, chunk)
+        cache.prepare(list(range(sequences)), chunk)
+        q = torch.randn(sequences, chunk, heads, head_dim, device=device)  # (B, T, H, D)
+        k = torch.randn(sequences, chunk, kv_heads, head_dim, device=device)  # (B, T, Hkv, D)
+        run = lambda: cache.attend(0, q, k, k)  # noqa: B023 (run is called before the loop moves on)
+        calls = count_torch_calls(run)
+        seconds = max(median_seconds(run, repeats, device) - calls * call_s, 1e-9)
+        keys = cached + chunk  # each sequence's keys after this step, read in whole blocks of 16
+        kv_bytes = sequences * -(-keys // 16) * 16 * 2 * kv_heads * head_dim * 4
+        flops = 4 * sequences * chunk * keys * heads * head_dim
+        measured.append({"sequences": sequences, "cached": cached, "chunk": chunk, "kv_bytes": kv_bytes,
+                         "flops": flops, "seconds": seconds})  # fmt: skip
+    return measured
+
+
+def measure_elementwise(device: torch.device, call_s: float, repeats: int) -> dict[int, float]:
+    """Bytes per second of x * y into a fresh tensor (2 reads, 1 write), by the size of one operand in bytes."""
+    rates = {}
+    for size in (2**16, 2**20, 2**23):
+        x, y = torch.randn(size // 4, device=device), torch.randn(size // 4, device=device)
+        seconds = median_seconds(lambda: x * y, repeats, device)  # noqa: B023
+        rates[size] = 3 * size / max(seconds - call_s, seconds / 10)
+    return rates
+
+
+def measure_op_cost(device: torch.device, ops: int, repeats: int) -> float:
+    """Seconds per op when the op does (almost) nothing: the floor every op pays."""
+    x, y = torch.ones(16, device=device), torch.ones(16, device=device)
+
+    def loop():
+        for _ in range(ops):
+            torch.add(x, y)
+
+    return median_seconds(loop, repeats, device) / ops
+
+
+class _TinyNorm(torch.nn.Module):
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return x * torch.rsqrt(x.pow(2).mean(-1, keepdim=True) + 1e-5)
+
+
+def measure_op_mix_cost(device: torch.device, ops: int, repeats: int) -> float:
+    """Seconds per torch call in a mixed sequence of tiny ops of the kinds a transformer step makes:
+    module calls, a matmul, a norm, views, an index, slices and a cat, attention. Different kinds
+    cost different amounts (a view is metadata, a matmul enters a BLAS library, attention is a
+    dispatcher of its own), so an empty op repeated underestimates what a model's calls cost."""
+    from minillm.card.calibrate import count_torch_calls
+
+    norm, proj = _TinyNorm().to(device), torch.nn.Linear(16, 16, bias=False, device=device)
+    x = torch.randn(1, 1, 16, device=device)
+    table, position = torch.randn(64, 4, device=device), torch.tensor([3], device=device)
+    keys = torch.randn(1, 2, 4, 8, device=device)  # (batch, heads, cached tokens, head dim)
+
+    def mix() -> torch.Tensor:
+        h = proj(norm(x))  # (1, 1, 16)
+        q = h.view(1, 1, 2, 8).transpose(1, 2)  # (1, 2, 1, 8)
+        rotated = torch.cat((-q[..., 4:], q[..., :4]), dim=-1) * table[position][..., :1]
+        out = torch.nn.functional.scaled_dot_product_attention(rotated, keys, keys)  # (1, 2, 1, 8)
+        return h + out.transpose(1, 2).reshape(1, 1, 16)
+
+    with torch.no_grad():
+        calls = count_torch_calls(mix)
+        rounds = max(1, ops // calls)
+
+        def loop():
+            for _ in range(rounds):
+                mix()
+
+        return median_seconds(loop, repeats, device) / (rounds * calls)

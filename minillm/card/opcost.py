@@ -1,0 +1,171 @@
+"""The op-by-op predictor: what one step of minillm's own forward costs on a calibrated machine.
+
+The roofline (roofline.py) is the bound physics sets: every byte once at full bandwidth, every FLOP at
+full peak, the larger of the two. A real runtime adds to it, and on a CPU (or an eager GPU step) what it
+adds is most of the time. This predictor prices the same step from its parts, each at the rate
+calibrate.py measured for that kind of work:
+
+    matmuls      2 x rows x in x out FLOPs per linear layer, at the FLOP/s a matmul of that many rows
+                 reaches (a 1-row matmul is a matrix-vector product: a fraction of a big matmul's rate)
+    streaming    when the weights do not fit in the last-level cache, each matmul must also bring its
+                 matrix in from memory: weight bytes x (1 / streaming bandwidth - 1 / cached bandwidth)
+    attention    each layer stores the new keys and values, gathers every row's blocks into one tensor
+                 (a fresh copy) and attends: priced from the cache's own attend() measured at several sizes
+    elementwise  norms, rotary, SiLU, residual adds: the bytes they read and write, at the elementwise rate
+    calls        every torch call pays a fixed cost (Python, dispatch; on a GPU the kernel launch), times
+                 the calls the step really makes, COUNTED on the real forward (calibrate.count_torch_calls),
+                 never assumed: fusing three projections into one changes the count, and the price follows
+
+On a CPU the terms add: on one core, one op runs after another. On a GPU the host issues calls while the
+device runs the earlier ones, so a step takes the longer of the two (StepBill.time_s). `step_bill` returns
+the terms one by one, so the lesson can say which one dominates where the predictor and the roofline part ways.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+
+from minillm.card.modelspec import ModelSpec
+from minillm.errors import ConfigError
+
+WEIGHT_BYTES = {"fp32": 4, "bf16": 2, "fp16": 2}  # what minillm's forward can run in
+BLOCK = 16  # tokens per KV block: the gather reads whole blocks
+
+
+@dataclass(frozen=True)
+class StepBill:
+    """One step's predicted seconds, by kind of work."""
+
+    calls: int
+    calls_s: float  # the fixed cost of every torch call
+    matmul_s: float  # linear layers' FLOPs at the FLOP/s for their number of rows
+    stream_s: float  # bringing weights in from memory (0 when they fit in the last-level cache)
+    attention_s: float  # storing, gathering and attending over the KV cache
+    elementwise_s: float  # norms, rotary, SiLU, residual adds
+    overlapped: bool = False  # a GPU: the host issues calls while the device runs earlier ones
+
+    @property
+    def work_s(self) -> float:
+        return self.matmul_s + self.stream_s + self.attention_s + self.elementwise_s
+
+    @property
+    def time_s(self) -> float:
+        """On a CPU the calls and the work run one after the other on one core: their sum. On a GPU the launches
+        are asynchronous: the step takes whichever is longer, issuing the calls or running the kernels."""
+        return max(self.calls_s, self.work_s) if self.overlapped else self.calls_s + self.work_s
+
+    def terms(self) -> dict[str, float]:
+        return {"calls": self.calls_s, "matmuls": self.matmul_s, "streaming": self.stream_s,
+                "attention": self.attention_s, "elementwise": self.elementwise_s}  # fmt: skip
+
+    @property
+    def dominant(self) -> str:
+        terms = self.terms()
+        return max(terms, key=terms.get)
+
+
+def _interpolate(points: list[tuple[float, float]], x: float) -> float:
+    """y at x on the log-log line between the two measured points around it; beyond the measured range, the
+    nearest end's y (rates are flat past what was measured)."""
+    points = sorted(points)
+    if x <= points[0][0]:
+        return points[0][1]
+    if x >= points[-1][0]:
+        return points[-1][1]
+    for (x0, y0), (x1, y1) in zip(points, points[1:]):
+        if x0 <= x <= x1:
+            share = (math.log(x) - math.log(x0)) / (math.log(x1) - math.log(x0))
+            return math.exp(math.log(y0) + share * (math.log(y1) - math.log(y0)))
+    raise AssertionError("unreachable")
+
+
+def matmul_flops(cal: dict, rows: int) -> float:
+    """FLOP/s a matmul of `rows` rows reaches here (calibrated by rows; interpolated between them)."""
+    return _interpolate([(int(r), rate) for r, rate in cal["rows_flops"].items()], rows)
+
+
+def attention_row_seconds(cal: dict) -> float:
+    """What one row costs attend() beyond its bytes: the same bytes as 128 short rows and as 8 long ones."""
+    short, long_ = cal["attention"][:2]
+    return max(0.0, (short["seconds"] - long_["seconds"]) / (short["sequences"] - long_["sequences"]))
+
+
+def attention_seconds(cal: dict, rows: int, kv_bytes: float, queries: int, flops: float) -> float:
+    """One group's attend(): each row a fixed cost, and its keys and values at the time per byte measured for that
+    many bytes (gathered into a fresh copy, then read by attention); a prompt chunk (many queries) at least its
+    FLOPs at the attention FLOP/s measured for chunks that long."""
+    points, per_row = cal["attention"], attention_row_seconds(cal)
+    decode = [p for p in points if p["chunk"] == 1]
+    per_byte = _interpolate([(p["kv_bytes"], max(p["seconds"] - p["sequences"] * per_row, 0.1 * p["seconds"])
+                              / p["kv_bytes"]) for p in decode], kv_bytes)  # fmt: skip
+    seconds = rows * per_row + kv_bytes * per_byte
+    if queries > 1:
+        per_flop = _interpolate([(p["chunk"], p["seconds"] / p["flops"]) for p in points if p["chunk"] > 1], queries)
+        seconds = max(seconds, flops * per_flop)
+    return seconds
+
+
+def elementwise_bandwidth(cal: dict, operand_bytes: float) -> float:
+    return _interpolate([(int(size), rate) for size, rate in cal["elementwise_bandwidth"].items()], operand_bytes)
+
+
+def elementwise_floats_per_token(spec: ModelSpec) -> int:
+    """Floats one token's elementwise ops read and write in one layer of minillm's forward (transformer.py):
+    two RMSNorms (square, mean, scale, weight: 7 x hidden each), rotary on q and k (negate, cat, two
+    products and a sum: 9 per value), storing k and v (4 per value), the attention output's reshape
+    (2 x q), two residual adds (3 x hidden each), SiLU and the gate product (5 x intermediate)."""
+    return 20 * spec.hidden + 11 * spec.q_dim + 13 * spec.kv_dim + 5 * spec.intermediate
+
+
+def linear_shapes(spec: ModelSpec) -> list[tuple[int, int]]:
+    """(in, out) of one layer's linear layers: q, k, v, o, gate, up, down."""
+    h, q, kv, f = spec.hidden, spec.q_dim, spec.kv_dim, spec.intermediate
+    return [(h, q), (h, kv), (h, kv), (q, h), (h, f), (h, f), (f, h)]
+
+
+def weights_streamed(spec: ModelSpec, cal: dict, dtype: str = "fp32") -> bool:
+    """True when the matrices do not fit in the last-level cache, so each step reads them from memory."""
+    matrices = spec.layers * spec.layer_matmul_params + spec.vocab * spec.hidden
+    return matrices * WEIGHT_BYTES[dtype] > cal["cache_bytes"]
+
+
+def groups_of(rows) -> list[tuple[int, int, int]]:
+    """The cache attends rows of equal length together (packing.py): (rows, new tokens each, longest context
+    after the step) per group."""
+    by_length: dict[int, list[int]] = {}
+    for new, before in rows:
+        by_length.setdefault(new, []).append(before + new)
+    return [(len(ends), new, max(ends)) for new, ends in by_length.items()]
+
+
+def step_bill(spec: ModelSpec, cal: dict, rows, calls: int, dtype: str = "fp32", logits_rows: int | None = None):
+    """Predicted seconds of one paged step of minillm's forward on the calibrated machine `cal`.
+    rows: (new_tokens, cached_before) per row; calls: torch calls the step makes (counted on the real forward);
+    logits_rows: rows whose next token is computed (default: every row)."""
+    if "rows_flops" not in cal:
+        raise ConfigError("this calibration predates the op-by-op rates; run `python -m minillm calibrate` again")
+    if dtype not in WEIGHT_BYTES:
+        raise ConfigError(f"minillm's forward runs in {', '.join(WEIGHT_BYTES)}, not {dtype!r}")
+    rows = list(rows)
+    if not rows or any(new < 1 or before < 0 for new, before in rows):
+        raise ConfigError(f"a step needs rows of (new_tokens >= 1, cached_tokens >= 0), got {rows}")
+    tokens, size = sum(new for new, _ in rows), WEIGHT_BYTES[dtype]
+    logits = len(rows) if logits_rows is None else logits_rows
+    layer_flops = sum(2 * tokens * i * o for i, o in linear_shapes(spec))
+    head_flops = 2 * logits * spec.hidden * spec.vocab
+    matmul_s = spec.layers * layer_flops / matmul_flops(cal, tokens) + head_flops / matmul_flops(cal, logits)
+    stream_s = 0.0
+    if weights_streamed(spec, cal, dtype):
+        cached_bandwidth = size * matmul_flops(cal, 1) / 2  # a 1-row matmul: 2 FLOPs per weight of `size` bytes
+        extra = max(0.0, 1 / cal["stream_bandwidth"] - 1 / cached_bandwidth)
+        stream_s = (spec.layers * spec.layer_matmul_params + spec.vocab * spec.hidden) * size * extra
+    attention_s = 0.0
+    for count, new, longest in groups_of(rows):
+        kv_bytes = count * -(-longest // BLOCK) * BLOCK * 2 * spec.kv_dim * 4  # the gather pads to the longest
+        flops = 4 * count * new * longest * spec.heads * spec.head_dim
+        attention_s += spec.layers * attention_seconds(cal, count, kv_bytes, new, flops)
+    element_bytes = 4 * tokens * spec.layers * elementwise_floats_per_token(spec)
+    elementwise_s = element_bytes / elementwise_bandwidth(cal, 4 * tokens * spec.hidden)
+    return StepBill(calls, calls * cal["launch_s"], matmul_s, stream_s, attention_s, elementwise_s,
+                    overlapped=cal["device"] == "cuda")  # fmt: skip
