@@ -45,6 +45,28 @@ def test_whatif_says_when_the_users_do_not_fit(capsys):
     assert p["tokens_per_s"] == pytest.approx(40 * p["per_user_tokens_per_s"])
 
 
+def test_weights_that_do_not_fit_get_no_speed(capsys):
+    code, out, _ = run_cli(capsys, "whatif", "--model", "llama-3.1-70b", "--gpu", "rtx-4090", "--json")
+    p = json.loads(out)
+    assert code == 0 and not p["weights_fit"] and not p["fits"] and p["max_users"] == 0
+    speeds = ("decode_step_s", "tokens_per_s", "per_user_tokens_per_s", "single_user_tokens_per_s", "bound_step_s")
+    assert all(p[key] is None for key in speeds)
+    code, out, _ = run_cli(capsys, "whatif", "--model", "llama-3.1-70b", "--gpu", "rtx-4090")
+    assert "do not fit" in out and "tokens/s in total" not in out
+
+
+def test_one_user_is_one_user(capsys):
+    code, out, _ = run_cli(capsys, "whatif", "--context", "32768", "--batch", "2")  # 6.3 GiB of KV, 4 GiB each
+    assert code == 0 and "1 user fit at 32,768 tokens" in out and "1 users" not in out
+
+
+def test_the_prediction_is_never_faster_than_the_bound(capsys):
+    for batch in ("1", "64", "512"):
+        code, out, _ = run_cli(capsys, "whatif", "--batch", batch, "--context", "1024", "--gpu", "h100-sxm", "--json")
+        p = json.loads(out)
+        assert p["bound_step_s"] <= p["decode_step_s"] * (1 + 1e-9)
+
+
 def test_whatif_summary_has_the_memory_split_and_the_bound(capsys):
     code, out, _ = run_cli(capsys, "whatif", "--model", "qwen3-0.6b", "--gpu", "l4", "--kv-dtype", "fp8")
     assert code == 0
@@ -69,6 +91,7 @@ def test_whatif_takes_a_config_json_path(capsys, tmp_path):
         (["--batch", "0"], ["--batch must be at least 1"]),
         (["--dtype", "int3"], ["unknown weight dtype 'int3'", "fp8, int4"]),
         (["--kv-dtype", "int4"], ["unknown KV cache dtype 'int4'", "bf16, fp16, fp8"]),
+        (["--context", "1000000"], ["--context 1,000,000 is longer than llama-3.1-8b was built for", "131,072"]),
     ],
 )
 def test_bad_whatif_input_is_one_line(capsys, argv, needles):
@@ -112,3 +135,55 @@ def test_whatif_on_this_machine_reads_the_calibration(capsys, cache_home):
                            "--device", "cpu", "--dtype", "fp32", "--context", "512", "--json")  # fmt: skip
     p = json.loads(out)
     assert code == 0 and p["gpu"] == "this-machine" and p["ridge_intensity"] == pytest.approx(1e11 / 20e9)
+
+
+def test_calibration_measures_the_op_by_op_rates(cache_home):
+    sizes = Sizes(copy_mib=1, matmul_n=32, tiny_ops=20, repeats=2, attention_points=((4, 15), (2, 31), (1, 63)),
+                  chunks=(16,))  # fmt: skip
+    cal = calibrate.calibrate("cpu", sizes, progress=False)
+    assert cal["version"] == calibrate.VERSION and cal["threads"] == torch_threads()
+    assert set(cal["rows_flops"]) == {"1", "2", "4", "8", "16", "32", "64", "128", "256", "512"}
+    assert all(rate > 0 for rate in cal["rows_flops"].values()) and cal["stream_bandwidth"] > 0
+    assert [(p["sequences"], p["cached"], p["chunk"]) for p in cal["attention"]] == [
+        (4, 15, 1),
+        (2, 31, 1),
+        (1, 63, 1),
+        (1, 0, 16),
+    ]
+    assert cal["attention"][0]["kv_bytes"] == cal["attention"][1]["kv_bytes"]  # the same bytes in 4 rows and in 2
+    assert calibrate.load_calibration("cpu") == cal
+
+
+def torch_threads() -> int:
+    import torch
+
+    return torch.get_num_threads()
+
+
+def test_an_older_calibration_file_is_measured_again(cache_home):
+    (cache_home / "minillm").mkdir()
+    (cache_home / "minillm" / "calibration-cpu.json").write_text(json.dumps({"device": "cpu", "bandwidth": 1.0}))
+    assert calibrate.load_calibration("cpu") is None
+
+
+def test_validate_predicts_and_times_each_point_and_saves_the_dots(cache_home):
+    from minillm.card.validate import this_machine, validate, validation_text
+    from tests.test_opcost import CAL
+
+    cal = CAL | {"version": calibrate.VERSION, "name": "made up", "memory_bytes": 2**30, "bandwidth": 5e9,
+                 "flops": {"fp32": 4e10}, "measured_at": "now", "seconds": 1.0}  # fmt: skip
+    (cache_home / "minillm").mkdir()
+    (cache_home / "minillm" / "calibration-cpu.json").write_text(json.dumps(cal))
+    v = validate("cpu", sizes=("3m",), batches=(1, 3), contexts=(8,), chunks=(16,), budget_s=0.05, progress=False,
+                 calibration=cal)  # fmt: skip
+    assert [(r["batch"], r["context"], r["chunk"]) for r in v["rows"]] == [(1, 8, 0), (3, 8, 0), (1, 0, 16)]
+    for r in v["rows"]:
+        assert r["measured_s"] > 0 and r["samples"] >= 5 and r["calls"] > 100
+        assert r["error"] == pytest.approx(r["predicted_s"] / r["measured_s"] - 1)
+        assert r["predicted_s"] == pytest.approx(sum(r["terms"].values()))
+    errors = sorted(abs(r["error"]) for r in v["rows"][:2])
+    assert v["per_size"]["3m"]["worst_abs_error"] == pytest.approx(errors[-1])
+    assert v["prefill"]["points"] == 1 and "3m: decode median" in validation_text(v)
+    here = this_machine("cpu")  # what the app shows for "this machine": the card and the saved dots
+    assert here["card"].name == "this-machine" and here["card"].bandwidth == 5e9
+    assert [(d["size"], d["batch"]) for d in here["dots"]] == [("3m", 1), ("3m", 3), ("3m", 1)]

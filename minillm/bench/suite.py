@@ -11,6 +11,7 @@ import time
 
 from minillm.bench import claims
 from minillm.bench.common import BenchSettings, machine_description
+from minillm.bench.roofline import bench_roofline
 from minillm.bench.scheduling import BENCHES as SCHEDULING_BENCHES
 from minillm.bench.server import bench_server
 from minillm.model.transformer import Transformer
@@ -25,7 +26,7 @@ BENCHES = (
         "two_by_two": claims.bench_two_by_two,
     }
     | SCHEDULING_BENCHES
-    | {"server": bench_server}
+    | {"roofline": bench_roofline, "server": bench_server}
 )
 
 

@@ -95,10 +95,13 @@ def cmd_bench(args: argparse.Namespace) -> None:
     import os
     from pathlib import Path
 
-    from minillm.bench import BENCHES, BenchSettings, run_benchmarks
+    from minillm.bench.common import BenchSettings
+    from minillm.bench.suite import BENCHES, run_benchmarks
     from minillm.bench.report import markdown, plot_all
     from minillm.model.checkpoint import load_model
 
+    if args.roofline:
+        args.only = [*(args.only or []), "roofline"]
     unknown = set(args.only or []) - set(BENCHES)
     if unknown:
         raise ConfigError(f"unknown benchmark(s) {sorted(unknown)}; choose from {', '.join(BENCHES)}")
@@ -186,6 +189,8 @@ def add_commands(sub) -> None:
     p = sub.add_parser("bench", help="measure every claim of the lessons on this machine")
     p.add_argument("--quick", action="store_true", help="smaller runs: about 2 minutes on 2 CPU cores")
     p.add_argument("--only", nargs="+", default=None, help="run only these benchmarks")
+    p.add_argument("--roofline", action="store_true", help="this machine's roofline: the cost model against measured "
+                   "steps of every model size, and real cards against published figures (--only roofline)")  # fmt: skip
     p.add_argument("--out", default=None, help="folder for the plots (PNG) and results.json")
     p.add_argument("--markdown", default=None, help="also write a Markdown report here (e.g. BENCHMARKS.md)")
     p.add_argument("--json", action="store_true", help="print the results as one JSON object")
