@@ -187,3 +187,14 @@ def test_validate_predicts_and_times_each_point_and_saves_the_dots(cache_home):
     here = this_machine("cpu")  # what the app shows for "this machine": the card and the saved dots
     assert here["card"].name == "this-machine" and here["card"].bandwidth == 5e9
     assert [(d["size"], d["batch"]) for d in here["dots"]] == [("3m", 1), ("3m", 3), ("3m", 1)]
+
+
+@pytest.mark.cuda
+def test_the_same_check_runs_on_a_gpu(cache_home):
+    """`python -m minillm whatif --validate --device cuda`: calibrate the GPU, predict and time steps on it."""
+    from minillm.card.validate import validate
+
+    v = validate("cuda", sizes=("3m",), batches=(1, 16), contexts=(64,), chunks=(64,), budget_s=0.5, progress=False)
+    assert v["device"] == "cuda" and v["calibration"]["device"] == "cuda" and len(v["rows"]) == 3
+    for r in v["rows"]:
+        assert r["measured_s"] > 0 and r["predicted_s"] > 0 and r["bound_s"] > 0

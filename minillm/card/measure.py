@@ -76,7 +76,7 @@ def prefill_chunk_time(model: Transformer, chunk: int, before: int, repeats: int
                        device)  # fmt: skip
 
 
-def timed_samples(fn, device: torch.device, budget_s: float, least: int = 5, most: int = 25, warmup: int = 2):
+def timed_samples(fn, device: torch.device, budget_s: float, least: int = 6, most: int = 30, warmup: int = 2):
     """Seconds of `fn` over as many calls as fit in `budget_s` (at least `least`, at most `most`), after a warm-up:
     a 2 ms step gets `most` samples, a 2 s step `least`, so a sweep over sizes stays minutes long."""
     for _ in range(warmup):

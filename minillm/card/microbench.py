@@ -33,21 +33,27 @@ ATTENTION_POINTS = ((128, 15), (8, 255), (1, 63), (1, 511), (16, 511), (32, 511)
 PREFILL_CHUNKS = (64, 512)  # chunk lengths whose attention FLOP/s is measured (on an empty cache)
 
 
-def median_seconds(fn, repeats: int, device: torch.device) -> float:
+def median_seconds(fn, repeats: int, device: torch.device, rounds: int = 2) -> float:
+    """The lower of `rounds` medians of `repeats` calls each: other programs on a shared machine only ever slow a
+    call down, so the better round is the nearer to what the machine does undisturbed."""
+
     def sync():
         if device.type == "cuda":
             torch.cuda.synchronize()
 
     fn()  # warm-up: first calls pay for allocation and kernel selection
     fn()
-    times = []
-    for _ in range(repeats):
-        sync()
-        start = time.perf_counter()
-        fn()
-        sync()
-        times.append(time.perf_counter() - start)
-    return statistics.median(times)
+    medians = []
+    for _ in range(rounds):
+        times = []
+        for _ in range(repeats):
+            sync()
+            start = time.perf_counter()
+            fn()
+            sync()
+            times.append(time.perf_counter() - start)
+        medians.append(statistics.median(times))
+    return min(medians)
 
 
 def last_level_cache_bytes(device: torch.device) -> int:

@@ -6,8 +6,9 @@ step with the one-line roofline (roofline.py, this machine's calibrated bandwidt
 and time it (measure.py). A row's error is predicted / measured - 1; the verdict is per size, median
 and worst. Prompt chunks (one row of 64 to 512 new tokens) are checked the same way.
 
-Timings on a shared machine are noisy: torch runs on one thread, each time is the median of as many
-steps as fit in a few seconds, and the result says how busy the machine was (its load average).
+Timings on a shared machine are noisy: torch runs on one thread, each time is the better of two medians
+of as many steps as fit in a few seconds (as calibration's are), and the result says how busy the
+machine was (its load average before and after).
 The last result is saved beside the calibration, so the app and the lesson can show this machine's
 measured dots without measuring again (`this_machine`).
 """
@@ -51,7 +52,7 @@ def check_point(model, spec, cal: dict, machine: Device, rows, budget_s: float, 
             cache, fresh = filled_cache(model, 40, context, chunk), iter(range(40))
             tokens = torch.randint(0, 256, (1, chunk), device=device)
             times = timed_samples(lambda: model(tokens, cache.prepare([next(fresh)], chunk), cache, last_only=True),
-                                  device, budget_s, least=5, most=30)  # fmt: skip
+                                  device, budget_s, least=6, most=30)  # fmt: skip
             priced = [(chunk, context)]
         else:
             calls = step_calls(model, batch, context)
@@ -61,7 +62,8 @@ def check_point(model, spec, cal: dict, machine: Device, rows, budget_s: float, 
             middle = context + 2 + len(times) // 2  # the context grew by one token per timed step
             priced = [(1, middle)] * batch
     bill = step_bill(spec, cal, priced, calls, logits_rows=1 if chunk else batch)
-    measured = statistics.median(times)
+    half = len(times) // 2  # the better of two medians: other programs only ever slow a step down
+    measured = min(statistics.median(times[:half]), statistics.median(times[half:]))
     terms = {name: seconds / measured for name, seconds in bill.terms().items()}
     return {"size": spec.name, "batch": batch, "context": context, "chunk": chunk, "calls": calls,
             "samples": len(times), "measured_s": measured, "predicted_s": bill.time_s,
