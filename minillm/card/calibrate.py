@@ -85,7 +85,7 @@ def memory_bytes(device: torch.device) -> int:
         return 0
 
 
-def device_name(device: torch.device) -> str:
+def device_name(device: torch.device, threads: int) -> str:
     if device.type == "cuda":
         return torch.cuda.get_device_name(device)
     name = platform.processor() or platform.machine()
@@ -94,65 +94,74 @@ def device_name(device: torch.device) -> str:
         name = next(line.split(":", 1)[1].strip() for line in lines if line.startswith("model name"))
     except (OSError, StopIteration):
         pass
-    return f"{name}, {torch.get_num_threads()} threads"
+    return f"{name}, {threads} thread{'s' * (threads != 1)}"
 
 
-def calibrate(device: str = "auto", sizes: Sizes | None = None, progress: bool = True, save: bool = True) -> dict:
-    """Run the microbenchmarks on cpu or cuda; save and return the figures."""
+def measure_all(dev: torch.device, s: Sizes, progress: bool) -> dict:
+    """Every microbenchmark of the list above, in order (the op cost first: the others take it out of their times)."""
     from tqdm import tqdm
 
-    started = time.perf_counter()
-    dev = resolve_device(device)
-    s = sizes or DEFAULT_SIZES[dev.type]
     dtypes = {"fp32": torch.float32, "bf16": torch.bfloat16}
     if dev.type == "cuda":
         dtypes["fp16"] = torch.float16
     steps = ["op cost", "copy", "matrix-vector", *(f"matmul {d}" for d in dtypes)]
     steps += ["rows", "streaming", "attention", "elementwise"] * s.op_by_op
     bar = tqdm(steps, desc=f"calibrating {dev.type}", disable=not progress)
-    cache_bytes, main = mb.last_level_cache_bytes(dev), torch.float32  # the dtype minillm's forward runs in
-    flops, result = {}, {}
+    main = torch.float32  # the dtype minillm's forward runs in
+    out: dict = {"flops": {}}
     with torch.no_grad():
         for step in bar:
             bar.set_postfix_str(step)
             if step == "op cost":
-                empty_op_s = mb.measure_op_cost(dev, s.tiny_ops, s.repeats)
-                launch_s = mb.measure_op_mix_cost(dev, s.tiny_ops, s.repeats)
+                out["empty_op_s"] = mb.measure_op_cost(dev, s.tiny_ops, s.repeats)
+                out["launch_s"] = call = mb.measure_op_mix_cost(dev, s.tiny_ops, s.repeats)
             elif step == "copy":
-                copy = mb.measure_copy_bandwidth(dev, s.copy_mib, s.repeats)
+                out["copy_bandwidth"] = mb.measure_copy_bandwidth(dev, s.copy_mib, s.repeats)
             elif step == "matrix-vector":
-                bandwidth = mb.measure_matvec_bandwidth(dev, s.copy_mib, s.repeats)
+                out["bandwidth"] = mb.measure_matvec_bandwidth(dev, s.copy_mib, s.repeats)
             elif step.startswith("matmul"):
                 name = step.split()[1]
-                flops[name] = mb.measure_matmul(dev, s.matmul_n, dtypes[name], s.repeats)
+                out["flops"][name] = mb.measure_matmul(dev, s.matmul_n, dtypes[name], s.repeats)
             elif step == "rows":
-                curve = mb.measure_rows_curve(dev, main, launch_s, s.repeats)
-                result["rows_flops"] = {str(rows): rate for rows, rate in curve.items()}  # (JSON keys are text)
+                curve = mb.measure_rows_curve(dev, main, call, s.repeats)
+                out["rows_flops"] = {str(rows): rate for rows, rate in curve.items()}  # (JSON keys are text)
             elif step == "streaming":
                 total = s.copy_mib * 2**20  # (256 MiB: 8x this machine's last-level cache; 1 GiB on a GPU)
-                result["stream_bandwidth"] = mb.measure_stream_bandwidth(dev, total, main, launch_s, s.repeats)
+                out["stream_bandwidth"] = mb.measure_stream_bandwidth(dev, total, main, call, s.repeats)
             elif step == "attention":
-                result["attention"] = mb.measure_attention(dev, launch_s, s.repeats, s.attention_points, s.chunks)
+                out["attention"] = mb.measure_attention(dev, call, s.repeats, s.attention_points, s.chunks)
             else:
-                rates = mb.measure_elementwise(dev, launch_s, s.repeats)
-                result["elementwise_bandwidth"] = {str(size): rate for size, rate in rates.items()}
-    fast = {name: rate for name, rate in flops.items() if name == "fp32" or rate > flops["fp32"]}
+                rates = mb.measure_elementwise(dev, call, s.repeats)
+                out["elementwise_bandwidth"] = {str(size): rate for size, rate in rates.items()}
+    flops = out["flops"]  # a dtype slower than fp32 is left out: nobody would run it
+    out["flops"] = {name: rate for name, rate in flops.items() if name == "fp32" or rate > flops["fp32"]}
+    return out
+
+
+def calibrate(device: str = "auto", sizes: Sizes | None = None, progress: bool = True, save: bool = True) -> dict:
+    """Run the microbenchmarks on cpu or cuda (a CPU on one thread: the core the cost model describes, and
+    steadier when the machine is shared); save and return the figures."""
+    started, threads = time.perf_counter(), torch.get_num_threads()
+    dev = resolve_device(device)
+    if dev.type == "cpu":
+        torch.set_num_threads(1)
+    try:
+        used = torch.get_num_threads()
+        measured = measure_all(dev, sizes or DEFAULT_SIZES[dev.type], progress)
+    finally:
+        torch.set_num_threads(threads)
+    s = sizes or DEFAULT_SIZES[dev.type]
     result = (
         {
             "version": VERSION,
             "device": dev.type,
-            "name": device_name(dev),
-            "threads": torch.get_num_threads(),
+            "name": device_name(dev, used),
+            "threads": used,
             "memory_bytes": memory_bytes(dev),
-            "cache_bytes": cache_bytes,  # the last-level cache: weights beyond it stream from memory every step
-            "bandwidth": bandwidth,  # what decode gets: the matrix-vector figure
-            "copy_bandwidth": copy,
-            "flops": fast,
-            "launch_s": launch_s,  # what the cost model charges per call: the mix
-            "empty_op_s": empty_op_s,
+            "cache_bytes": mb.last_level_cache_bytes(dev),  # the last-level cache: weights beyond it stream
             "compute_dtype": "fp32",  # the dtype of the op-by-op rates
         }
-        | result
+        | measured  # bandwidth (the matrix-vector figure: what decode gets), flops, launch_s (the mix), ...
         | {
             "sizes": {"copy_mib": s.copy_mib, "matmul_n": s.matmul_n, "tiny_ops": s.tiny_ops, "repeats": s.repeats},
             "seconds": time.perf_counter() - started,

@@ -11,14 +11,14 @@
   from a few hundred kilobytes of keys and values to a hundred megabytes;
 - elementwise: a product of two tensors into a fresh one (norms, rotary, SiLU, residual adds);
 - the fixed cost per torch call: an empty op repeated, and a mix of the tiny ops a step makes.
-Each figure is a median of repeats (machines are shared). Times exclude the calls' fixed cost, which
-the cost model charges separately per counted call.
+Each figure is the better of two medians of repeats, timed as steps are (measure.step_clock: on one CPU
+thread, the process's CPU time; machines are shared). Times exclude the calls' fixed cost, which the
+cost model charges separately per counted call.
 """
 
 from __future__ import annotations
 
 import statistics
-import time
 from pathlib import Path
 
 import torch
@@ -41,17 +41,19 @@ def median_seconds(fn, repeats: int, device: torch.device, rounds: int = 2) -> f
         if device.type == "cuda":
             torch.cuda.synchronize()
 
+    from minillm.card.measure import step_clock
+
     fn()  # warm-up: first calls pay for allocation and kernel selection
     fn()
-    medians = []
+    clock, medians = step_clock(device), []
     for _ in range(rounds):
         times = []
         for _ in range(repeats):
             sync()
-            start = time.perf_counter()
+            start = clock()
             fn()
             sync()
-            times.append(time.perf_counter() - start)
+            times.append(clock() - start)
         medians.append(statistics.median(times))
     return min(medians)
 

@@ -96,8 +96,8 @@ def cmd_bench(args: argparse.Namespace) -> None:
     from pathlib import Path
 
     from minillm.bench.common import BenchSettings
-    from minillm.bench.suite import BENCHES, run_benchmarks
     from minillm.bench.report import markdown, plot_all
+    from minillm.bench.suite import BENCHES, run_benchmarks
     from minillm.model.checkpoint import load_model
 
     if args.roofline:
