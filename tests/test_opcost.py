@@ -16,12 +16,14 @@ from minillm.model.transformer import Transformer
 
 # A made-up machine, in round numbers: matmuls of 1 row at 10 GFLOP/s, of 2 at 20, of 4 and more at 40; weights
 # stream from memory at 5 GB/s; a 1 MiB last-level cache; attention: 2 us a row beyond its bytes (the first two
-# points hold the same bytes in 128 rows and in 8), then 1 ns a byte; elementwise at 10 GB/s; 4 us a call.
+# points hold the same bytes in 128 rows and in 8), then 1 ns a byte; elementwise at 10 GB/s; 4 us a call in the
+# tiny-op mix (the roofline's launch cost), 5 us per call of minillm's own step (the predictor's).
 CAL = {
     "device": "cpu",
     "cache_bytes": 2**20,
     "launch_s": 4e-6,
-    "rows_flops": {"1": 10e9, "2": 20e9, "4": 40e9, "512": 40e9},
+    "call_s": 5e-6,
+    "rows_flops": {"512x1408": {"1": 10e9, "2": 20e9, "4": 40e9, "512": 40e9}},
     "stream_bandwidth": 5e9,
     "attention": [
         {"sequences": 128, "cached": 15, "chunk": 1, "kv_bytes": 1e6, "flops": 0, "seconds": 128 * 2e-6 + 1e-3},
@@ -31,15 +33,24 @@ CAL = {
     ],
     "elementwise_bandwidth": {"1024": 10e9, "1048576": 10e9},
 }
+SHAPE = (512, 1408)
 # 1 layer, residual 8, MLP 16, 2 query heads sharing 1 kv head of 4, vocabulary 10.
 TOY = ModelSpec("toy", hidden=8, intermediate=16, layers=1, heads=2, kv_heads=1, head_dim=4, vocab=10)
 
 
 def test_matmul_flops_follow_the_rows_between_measured_points():
-    assert opcost.matmul_flops(CAL, 1) == pytest.approx(10e9) and opcost.matmul_flops(CAL, 4) == pytest.approx(40e9)
+    assert opcost.matmul_flops(CAL, 1, SHAPE) == pytest.approx(10e9)
+    assert opcost.matmul_flops(CAL, 4, SHAPE) == pytest.approx(40e9)
     # on the log-log line from (2 rows, 20 GFLOP/s) to (4, 40): the rate doubles with the rows, so 3 rows get 30
-    assert opcost.matmul_flops(CAL, 3) == pytest.approx(30e9)
-    assert opcost.matmul_flops(CAL, 4096) == pytest.approx(40e9)  # past the measured rows: the last rate
+    assert opcost.matmul_flops(CAL, 3, SHAPE) == pytest.approx(30e9)
+    assert opcost.matmul_flops(CAL, 4096, SHAPE) == pytest.approx(40e9)  # past the measured rows: the last rate
+
+
+def test_matmul_flops_follow_the_matrix_size_between_measured_sizes():
+    two = CAL | {"rows_flops": {"100x100": {"1": 1e9, "8": 1e9}, "400x400": {"1": 4e9, "8": 16e9}}}
+    assert opcost.matmul_flops(two, 1, (200, 200)) == pytest.approx(2e9)  # 4x the weights of one, 1/4 of the other
+    assert opcost.matmul_flops(two, 8, (200, 200)) == pytest.approx(4e9)
+    assert opcost.matmul_flops(two, 1, (10, 10)) == pytest.approx(1e9)  # smaller than measured: the smallest's rate
 
 
 def test_one_decode_step_by_hand():
@@ -52,7 +63,7 @@ def test_one_decode_step_by_hand():
     assert bill.attention_s == pytest.approx(2e-6 + 512 * 1e-9)
     # elementwise: 20 x 8 + 11 x 8 + 13 x 4 + 5 x 16 = 380 floats a token, 4 bytes each, at 10 GB/s
     assert bill.elementwise_s == pytest.approx(380 * 4 / 10e9)
-    assert bill.calls_s == pytest.approx(100 * 4e-6)
+    assert bill.calls_s == pytest.approx(100 * 5e-6)
     assert bill.time_s == pytest.approx(sum(bill.terms().values()))  # on a CPU the terms add up
     assert bill.dominant == "calls"
 

@@ -10,8 +10,9 @@ to them, each measured by a microbenchmark of its own (microbench.py), none of t
 - streaming: how fast that 1-row matmul reads its matrix from memory instead (weights beyond the cache);
 - attention over the KV cache: the paged cache's own attend() for one layer, at several sizes;
 - elementwise bandwidth (norms, rotary, SiLU, residual adds);
-- the fixed cost per torch call: Python, dispatch and (on a GPU) the kernel launch, from a mix of the
-  tiny ops a step makes (on this project's 2-core machine about 3x an empty op).
+- the fixed cost per torch call: Python, dispatch and (on a GPU) the kernel launch: a mix of the tiny
+  ops a step makes (on this project's 2-core machine about 3x an empty op: the roofline's launch cost
+  for this machine), and minillm's own decode step on a 16-wide stand-in, per call (the predictor's).
 About 15 s on 2 CPU cores (goal: at most 60). The result is a small JSON file in the user's cache
 directory ($XDG_CACHE_HOME/minillm, else ~/.cache/minillm), which `--gpu this-machine` reads
 (hardware.this_machine); a file from an older version of this list is measured again.
@@ -43,6 +44,7 @@ class Sizes:
     op_by_op: bool = True  # also the rows curve, streaming, attention and elementwise rates (opcost.py)
     attention_points: tuple = mb.ATTENTION_POINTS  # (sequences, cached tokens) timed through attend()
     chunks: tuple = mb.PREFILL_CHUNKS  # prompt chunk lengths whose attention FLOP/s is timed
+    rows: tuple = mb.ROWS  # rows of the matmul curves
 
 
 DEFAULT_SIZES = {"cpu": Sizes(copy_mib=256, matmul_n=2048, tiny_ops=2000, repeats=7),
@@ -115,6 +117,7 @@ def measure_all(dev: torch.device, s: Sizes, progress: bool) -> dict:
             if step == "op cost":
                 out["empty_op_s"] = mb.measure_op_cost(dev, s.tiny_ops, s.repeats)
                 out["launch_s"] = call = mb.measure_op_mix_cost(dev, s.tiny_ops, s.repeats)
+                out["call_s"] = mb.measure_call_cost(dev, s.repeats)
             elif step == "copy":
                 out["copy_bandwidth"] = mb.measure_copy_bandwidth(dev, s.copy_mib, s.repeats)
             elif step == "matrix-vector":
@@ -123,8 +126,12 @@ def measure_all(dev: torch.device, s: Sizes, progress: bool) -> dict:
                 name = step.split()[1]
                 out["flops"][name] = mb.measure_matmul(dev, s.matmul_n, dtypes[name], s.repeats)
             elif step == "rows":
-                curve = mb.measure_rows_curve(dev, main, call, s.repeats)
-                out["rows_flops"] = {str(rows): rate for rows, rate in curve.items()}  # (JSON keys are text)
+                cache = mb.last_level_cache_bytes(dev)
+                out["rows_flops"] = {  # (JSON keys are text)
+                    f"{i}x{o}": {str(r): f for r, f in mb.measure_rows_curve(dev, main, call, s.repeats, cache,
+                                                                             (i, o), s.rows).items()}
+                    for i, o in mb.MATRICES
+                }  # fmt: skip
             elif step == "streaming":
                 total = s.copy_mib * 2**20  # (256 MiB: 8x this machine's last-level cache; 1 GiB on a GPU)
                 out["stream_bandwidth"] = mb.measure_stream_bandwidth(dev, total, main, call, s.repeats)
@@ -201,9 +208,10 @@ def describe(cal: dict) -> str:
         + (f" ({cal['empty_op_s'] * 1e6:.2f} us for an empty one)" if "empty_op_s" in cal else "")
     )
     if "rows_flops" in cal:
-        rows = cal["rows_flops"]
+        rows = cal["rows_flops"][f"{mb.MATRIX[0]}x{mb.MATRIX[1]}"]
         text += (
-            f"; a matmul of 1 row reaches {rows['1'] / 1e9:.0f} GFLOP/s, of 512 rows {rows['512'] / 1e9:.0f}; "
+            f"; {cal['call_s'] * 1e6:.2f} us per call of minillm's own step; through a {mb.MATRIX[0]}x{mb.MATRIX[1]} "
+            f"matrix a matmul of 1 row reaches {rows['1'] / 1e9:.0f} GFLOP/s, of 512 rows {rows['512'] / 1e9:.0f}; "
             f"1-row streaming from memory {cal['stream_bandwidth'] / 1e9:.1f} GB/s; last-level cache "
             f"{cal['cache_bytes'] / 2**20:.0f} MiB; measured in {cal['seconds']:.0f} s"
         )

@@ -2,15 +2,16 @@
 
 - bandwidth: a large copy (read + write, what the memory can do) and a matrix-vector product over
   data far bigger than any cache (what decode gets: the roofline's bandwidth);
-- matmul FLOP/s: one large square matmul per dtype (the roofline's peak), and a mid-sized matrix
-  (in the last-level cache) multiplied by 1 to 512 rows: a 1-row matmul is a matrix-vector product
-  and reaches a fraction of the big one's FLOP/s; the rate climbs with the rows;
+- matmul FLOP/s: one large square matmul per dtype (the roofline's peak), and three layer-sized
+  matrices (in the last-level cache) multiplied by 1 to 512 rows: a 1-row matmul is a matrix-vector
+  product and reaches a fraction of the big one's FLOP/s; the rate climbs with the rows and the size;
 - streaming: the same 1-row matmul over many such matrices that together are 4x the last-level
   cache, so each is read from memory: what a model's layers get when its weights do not fit;
 - attention over the KV: the paged cache's own attend() (minillm/engine/kv_cache.py) for one layer,
   from a few hundred kilobytes of keys and values to a hundred megabytes;
 - elementwise: a product of two tensors into a fresh one (norms, rotary, SiLU, residual adds);
-- the fixed cost per torch call: an empty op repeated, and a mix of the tiny ops a step makes.
+- the fixed cost per torch call: an empty op repeated, a mix of the tiny ops a step makes, and
+  minillm's own decode step on a 16-wide stand-in, where the arithmetic is nothing.
 Each figure is the better of two medians of repeats, timed as steps are (measure.step_clock: on one CPU
 thread, the process's CPU time; machines are shared). Times exclude the calls' fixed cost, which the
 cost model charges separately per counted call.
@@ -24,7 +25,10 @@ from pathlib import Path
 import torch
 
 ROWS = (1, 2, 4, 8, 16, 32, 64, 128, 256, 512)  # matmul rows measured: decode batches and prefill chunks
-MATRIX = (512, 1408)  # (in, out) of the rows-curve's matrix: 2.9 MB in fp32, a mid-sized layer's matrix
+# (in, out) of the rows curves' matrices: 0.7, 2.9 and 11.5 MB in fp32, as small, mid-sized and large layers have
+# them (a BLAS reaches a different share of peak on a 256-wide matrix than on a 1024-wide one)
+MATRICES = ((256, 704), (512, 1408), (1024, 2816))
+MATRIX = MATRICES[1]  # the streaming measurement's shape
 ATTENTION_HEADS = (16, 4, 64)  # query heads, key/value heads, head dim of the attention microbenchmark
 # (sequences, cached tokens each): the first two hold the same bytes in 128 short rows and in 8 long ones (what a row
 # costs beyond its bytes); the rest grow the bytes from a few hundred kilobytes to past the size (a gathered copy of
@@ -96,17 +100,35 @@ def measure_matmul(device: torch.device, n: int, dtype: torch.dtype, repeats: in
     return 2 * n**3 / median_seconds(lambda: a @ b, repeats, device)
 
 
-def measure_rows_curve(device: torch.device, dtype: torch.dtype, call_s: float, repeats: int) -> dict[int, float]:
-    """FLOP/s of x (rows, in) @ W.T for each of ROWS, W (out, in) staying in the last-level cache (a linear layer
-    repeated); the fixed cost of the call is taken out."""
-    inputs, outputs = MATRIX
-    weight = torch.randn(outputs, inputs, device=device).to(dtype)
+def measure_rows_curve(device: torch.device, dtype: torch.dtype, call_s: float, repeats: int, cache_bytes: int,
+                       shape=MATRIX, rows=ROWS) -> dict[int, float]:  # fmt: skip
+    """FLOP/s of x (rows, in) @ W.T for each count of rows, W (out, in) read from the last-level cache as a model's
+    layers read theirs: a few copies that together overflow the per-core caches but fit in the shared one, used in
+    turn. The fixed cost of each call is taken out."""
+    inputs, outputs = shape
+    size = inputs * outputs * dtype.itemsize
+    copies = max(1, min(cache_bytes // 4, 8 * 2**20) // size)
+    weights = [torch.randn(outputs, inputs, device=device).to(dtype) for _ in range(copies)]
     rates = {}
-    for rows in ROWS:
-        x = torch.randn(rows, inputs, device=device).to(dtype)
-        seconds = median_seconds(lambda: torch.nn.functional.linear(x, weight), repeats, device)  # noqa: B023
-        rates[rows] = 2 * rows * inputs * outputs / max(seconds - call_s, seconds / 10)
+    for count in rows:
+        x = torch.randn(count, inputs, device=device).to(dtype)
+        seconds = median_seconds(lambda: [torch.nn.functional.linear(x, w) for w in weights], repeats, device)  # noqa: B023
+        rates[count] = 2 * count * inputs * outputs * copies / max(seconds - copies * call_s, seconds / 10)
     return rates
+
+
+def measure_call_cost(device: torch.device, repeats: int, layers: int = 4) -> float:
+    """Seconds per torch call of minillm's own decode step, timed on a 16-wide stand-in of `layers` layers where the
+    arithmetic is nothing: Python, module calls, dispatch and the cache's bookkeeping, per call the step makes."""
+    from minillm.card.measure import filled_cache, step_calls
+    from minillm.config import ModelConfig
+    from minillm.model.transformer import Transformer
+
+    model = Transformer(ModelConfig(dim=16, n_layers=layers, n_heads=2, n_kv_heads=1, ffn_dim=16, max_seq_len=512))
+    model = model.to(device).eval()
+    calls = step_calls(model, 1, 16)
+    cache, tokens = filled_cache(model, 1, 16, 2 * repeats + 8), torch.zeros(1, 1, dtype=torch.long, device=device)
+    return median_seconds(lambda: model(tokens, cache.prepare([0], 1), cache), repeats, device) / calls
 
 
 def measure_stream_bandwidth(device: torch.device, total_bytes: int, dtype: torch.dtype, call_s: float,

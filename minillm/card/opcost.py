@@ -5,14 +5,16 @@ full peak, the larger of the two. A real runtime adds to it, and on a CPU (or an
 adds is most of the time. This predictor prices the same step from its parts, each at the rate
 calibrate.py measured for that kind of work:
 
-    matmuls      2 x rows x in x out FLOPs per linear layer, at the FLOP/s a matmul of that many rows
-                 reaches (a 1-row matmul is a matrix-vector product: a fraction of a big matmul's rate)
+    matmuls      2 x rows x in x out FLOPs per linear layer, at the FLOP/s a matmul of that many rows through
+                 a matrix that size reaches (a 1-row matmul is a matrix-vector product: a fraction of a big
+                 matmul's rate)
     streaming    when the weights do not fit in the last-level cache, each matmul must also bring its
                  matrix in from memory: weight bytes x (1 / streaming bandwidth - 1 / cached bandwidth)
     attention    each layer stores the new keys and values, gathers every row's blocks into one tensor
                  (a fresh copy) and attends: priced from the cache's own attend() measured at several sizes
     elementwise  norms, rotary, SiLU, residual adds: the bytes they read and write, at the elementwise rate
-    calls        every torch call pays a fixed cost (Python, dispatch; on a GPU the kernel launch), times
+    calls        every torch call pays a fixed cost (Python, dispatch, module calls, the cache's bookkeeping;
+                 on a GPU the kernel launch), timed on a 16-wide stand-in of minillm's own step, times
                  the calls the step really makes, COUNTED on the real forward (calibrate.count_torch_calls),
                  never assumed: fusing three projections into one changes the count, and the price follows
 
@@ -80,9 +82,14 @@ def _interpolate(points: list[tuple[float, float]], x: float) -> float:
     raise AssertionError("unreachable")
 
 
-def matmul_flops(cal: dict, rows: int) -> float:
-    """FLOP/s a matmul of `rows` rows reaches here (calibrated by rows; interpolated between them)."""
-    return _interpolate([(int(r), rate) for r, rate in cal["rows_flops"].items()], rows)
+def matmul_flops(cal: dict, rows: int, shape: tuple[int, int]) -> float:
+    """FLOP/s a matmul of `rows` rows through an (in, out) matrix reaches here: calibrated by rows for a few matrix
+    sizes, interpolated in the rows, then in the size (in x out)."""
+    by_size = []
+    for key, curve in cal["rows_flops"].items():
+        inputs, outputs = (int(n) for n in key.split("x"))
+        by_size.append((inputs * outputs, _interpolate([(int(r), rate) for r, rate in curve.items()], rows)))
+    return _interpolate(by_size, shape[0] * shape[1])
 
 
 def attention_row_seconds(cal: dict) -> float:
@@ -152,14 +159,13 @@ def step_bill(spec: ModelSpec, cal: dict, rows, calls: int, dtype: str = "fp32",
         raise ConfigError(f"a step needs rows of (new_tokens >= 1, cached_tokens >= 0), got {rows}")
     tokens, size = sum(new for new, _ in rows), WEIGHT_BYTES[dtype]
     logits = len(rows) if logits_rows is None else logits_rows
-    layer_flops = sum(2 * tokens * i * o for i, o in linear_shapes(spec))
-    head_flops = 2 * logits * spec.hidden * spec.vocab
-    matmul_s = spec.layers * layer_flops / matmul_flops(cal, tokens) + head_flops / matmul_flops(cal, logits)
+    linears = [(tokens, shape, spec.layers) for shape in linear_shapes(spec)] + [(logits, (spec.hidden, spec.vocab), 1)]
+    matmul_s = sum(count * 2 * m * i * o / matmul_flops(cal, m, (i, o)) for m, (i, o), count in linears)
     stream_s = 0.0
     if weights_streamed(spec, cal, dtype):
-        cached_bandwidth = size * matmul_flops(cal, 1) / 2  # a 1-row matmul: 2 FLOPs per weight of `size` bytes
-        extra = max(0.0, 1 / cal["stream_bandwidth"] - 1 / cached_bandwidth)
-        stream_s = (spec.layers * spec.layer_matmul_params + spec.vocab * spec.hidden) * size * extra
+        for _, (i, o), count in linears:  # a 1-row matmul from the cache reads 4 bytes per 2 FLOPs (fp32)
+            cached_bandwidth = size * matmul_flops(cal, 1, (i, o)) / 2
+            stream_s += count * i * o * size * max(0.0, 1 / cal["stream_bandwidth"] - 1 / cached_bandwidth)
     attention_s = 0.0
     for count, new, longest in groups_of(rows):
         kv_bytes = count * -(-longest // BLOCK) * BLOCK * 2 * spec.kv_dim * 4  # the gather pads to the longest
@@ -167,5 +173,6 @@ def step_bill(spec: ModelSpec, cal: dict, rows, calls: int, dtype: str = "fp32",
         attention_s += spec.layers * attention_seconds(cal, count, kv_bytes, new, flops)
     element_bytes = 4 * tokens * spec.layers * elementwise_floats_per_token(spec)
     elementwise_s = element_bytes / elementwise_bandwidth(cal, 4 * tokens * spec.hidden)
-    return StepBill(calls, calls * cal["launch_s"], matmul_s, stream_s, attention_s, elementwise_s,
+    call_s = cal.get("call_s", cal["launch_s"])  # minillm's own calls, timed on a stand-in; else the tiny-op mix
+    return StepBill(calls, calls * call_s, matmul_s, stream_s, attention_s, elementwise_s,
                     overlapped=cal["device"] == "cuda")  # fmt: skip
