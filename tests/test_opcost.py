@@ -25,14 +25,17 @@ CAL = {
     "call_s": 5e-6,
     "rows_flops": {"512x1408": {"1": 10e9, "2": 20e9, "4": 40e9, "512": 40e9}},
     "stream_bandwidth": 5e9,
-    "attention": [
-        {"sequences": 128, "cached": 15, "chunk": 1, "kv_bytes": 1e6, "flops": 0, "seconds": 128 * 2e-6 + 1e-3},
-        {"sequences": 8, "cached": 255, "chunk": 1, "kv_bytes": 1e6, "flops": 0, "seconds": 8 * 2e-6 + 1e-3},
-        {"sequences": 64, "cached": 511, "chunk": 1, "kv_bytes": 1e8, "flops": 0, "seconds": 64 * 2e-6 + 0.1},
-        {"sequences": 1, "cached": 0, "chunk": 64, "kv_bytes": 1e5, "flops": 1e9, "seconds": 0.1},
-    ],
+    "attention": {  # measured with the toy's head shape (2 query heads, 1 kv head of 4): "2x1x4"
+        "2x1x4": [
+            {"sequences": 128, "cached": 15, "chunk": 1, "kv_bytes": 1e6, "flops": 0, "seconds": 128 * 2e-6 + 1e-3},
+            {"sequences": 8, "cached": 255, "chunk": 1, "kv_bytes": 1e6, "flops": 0, "seconds": 8 * 2e-6 + 1e-3},
+            {"sequences": 64, "cached": 511, "chunk": 1, "kv_bytes": 1e8, "flops": 0, "seconds": 64 * 2e-6 + 0.1},
+            {"sequences": 1, "cached": 0, "chunk": 64, "kv_bytes": 1e5, "flops": 1e9, "seconds": 0.1},
+        ],
+    },
     "elementwise_bandwidth": {"1024": 10e9, "1048576": 10e9},
 }
+CAL["attention"]["16x4x64"] = [dict(p) for p in CAL["attention"]["2x1x4"]]  # another shape (the same numbers)
 SHAPE = (512, 1408)
 # 1 layer, residual 8, MLP 16, 2 query heads sharing 1 kv head of 4, vocabulary 10.
 TOY = ModelSpec("toy", hidden=8, intermediate=16, layers=1, heads=2, kv_heads=1, head_dim=4, vocab=10)
@@ -81,6 +84,13 @@ def test_a_prompt_chunk_prices_its_attention_flops():
     flops = 4 * 64 * 64 * 2 * 4  # every query against every key of its chunk (masked ones too), 2 heads of 4
     assert bill.attention_s == pytest.approx(max(2e-6 + 64 * 32 * 1e-9, flops * 0.1 / 1e9))
     assert bill.matmul_s == pytest.approx(2 * 576 * 64 / 40e9 + 2 * 80 / 10e9)  # 64 rows; logits at 1
+
+
+def test_attention_is_priced_from_the_nearest_head_shape_measured():
+    assert opcost.attention_points(CAL, TOY) is CAL["attention"]["2x1x4"]
+    wide = replace(TOY, heads=16, kv_heads=4, head_dim=64)
+    assert opcost.attention_points(CAL, wide) is CAL["attention"]["16x4x64"]
+    assert opcost.attention_points(CAL, replace(TOY, head_dim=8)) is CAL["attention"]["2x1x4"]
 
 
 def test_rows_of_equal_length_attend_together_padded_to_the_longest():

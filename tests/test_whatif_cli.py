@@ -139,19 +139,17 @@ def test_whatif_on_this_machine_reads_the_calibration(capsys, cache_home):
 
 def test_calibration_measures_the_op_by_op_rates(cache_home):
     sizes = Sizes(copy_mib=1, matmul_n=32, tiny_ops=20, repeats=2, attention_points=((4, 15), (2, 31), (1, 63)),
-                  chunks=(16,), rows=(1, 4))  # fmt: skip
+                  chunks=(16,), rows=(1, 4), attention_heads=((4, 2, 8), (2, 1, 16)))  # fmt: skip
     cal = calibrate.calibrate("cpu", sizes, progress=False)
     assert cal["version"] == calibrate.VERSION and cal["threads"] == 1  # the one core the cost model describes
     assert set(cal["rows_flops"]) == {"256x704", "512x1408", "1024x2816"}
     assert all(set(curve) == {"1", "4"} and min(curve.values()) > 0 for curve in cal["rows_flops"].values())
     assert cal["stream_bandwidth"] > 0 and 0 < cal["call_s"] < 1e-3
-    assert [(p["sequences"], p["cached"], p["chunk"]) for p in cal["attention"]] == [
-        (4, 15, 1),
-        (2, 31, 1),
-        (1, 63, 1),
-        (1, 0, 16),
-    ]
-    assert cal["attention"][0]["kv_bytes"] == cal["attention"][1]["kv_bytes"]  # the same bytes in 4 rows and in 2
+    assert set(cal["attention"]) == {"4x2x8", "2x1x16"}
+    points = cal["attention"]["4x2x8"]
+    shapes = [(p["sequences"], p["cached"], p["chunk"]) for p in points]
+    assert shapes == [(4, 15, 1), (2, 31, 1), (1, 63, 1), (1, 0, 16)]
+    assert points[0]["kv_bytes"] == points[1]["kv_bytes"]  # the same bytes in 4 rows and in 2
     assert calibrate.load_calibration("cpu") == cal
 
 

@@ -18,6 +18,13 @@ def verdict(met: bool) -> str:
     return "**met**" if met else "**not met**"
 
 
+def ridge_line(ax, ridge: float | None) -> None:
+    """The batch at which the bound turns compute-bound (the card's ridge point, for this model)."""
+    if ridge:
+        ax.axvline(ridge, color="grey", lw=0.8, ls="--")
+        ax.text(ridge, 0.03, f" ridge: batch {ridge:.0f}", color="grey", fontsize=8, transform=ax.get_xaxis_transform())
+
+
 def machine_panel(ax, rows: list[dict], cal: dict, size: str) -> None:
     """Measured decode steps of one size as dots; the op-by-op prediction through them; the roofline's bound; the
     batch at which the bound turns compute-bound (this machine's ridge point)."""
@@ -29,19 +36,16 @@ def machine_panel(ax, rows: list[dict], cal: dict, size: str) -> None:
 
     spec, machine = size_spec(size), from_calibration(cal)
     mine = [r for r in rows if r["size"] == size and not r["chunk"]]
-    for context, color in zip(sorted({r["context"] for r in mine}), ("#0072b2", "#d55e00")):
+    for i, (context, color) in enumerate(zip(sorted({r["context"] for r in mine}), ("#0072b2", "#d55e00"))):
         dots = [r for r in mine if r["context"] == context]
         calls = dots[0]["calls"]
         ax.plot([r["batch"] for r in dots], [1e3 * r["measured_s"] for r in dots], "o", color=color,
                 label=f"measured, {context} tokens cached")  # fmt: skip
         predicted = [step_bill(spec, cal, [(1, context)] * b, calls).time_s for b in GRID]
-        ax.plot(GRID, 1e3 * np.array(predicted), "-", color=color, lw=1.5, label="predicted (op by op)")
+        ax.plot(GRID, 1e3 * np.array(predicted), "-", color=color, lw=1.5, label=None if i else "predicted, op by op")
         bound = [bound_s(spec, machine, [(1, context)] * b, calls) for b in GRID]
-        ax.plot(GRID, 1e3 * np.array(bound), ":", color=color, lw=1.2, label="roofline (the bound)")
-    ridge = roofline.ridge_batch(spec, machine, 0, "fp32", "fp32")
-    if ridge:
-        ax.axvline(ridge, color="grey", lw=0.8, ls="--")
-        ax.text(ridge, ax.get_ylim()[0], f" ridge: batch {ridge:.0f}", color="grey", fontsize=8, va="bottom")
+        ax.plot(GRID, 1e3 * np.array(bound), ":", color=color, lw=1.2, label=None if i else "roofline: the bound")
+    ridge_line(ax, roofline.ridge_batch(spec, machine, 0, "fp32", "fp32"))
     weights = spec.num_parameters * 4 / 2**20
     where = "fits in" if weights * 2**20 < cal["cache_bytes"] else f"{weights * 2**20 / cal['cache_bytes']:.0f}x"
     ax.set(xscale="log", yscale="log", xlabel="users in the batch", ylabel="ms per decode step",
@@ -59,14 +63,11 @@ def card_panel(ax, gpu: str, label: str) -> None:
     spec, card = load_spec(GPU_MODEL), DEVICES[gpu]
     predicted = [engine_decode(spec, card, b, GPU_CONTEXT).time_s for b in GPU_GRID]
     bound = [roofline.decode_cost(spec, card, b, GPU_CONTEXT).time_s for b in GPU_GRID]
-    ax.plot(GPU_GRID, 1e3 * np.array(predicted), "-", color="#009e73", lw=1.5, label="predicted (kernel by kernel)")
-    ax.plot(GPU_GRID, 1e3 * np.array(bound), ":", color="#009e73", lw=1.2, label="roofline (the bound)")
+    ax.plot(GPU_GRID, 1e3 * np.array(predicted), "-", color="#009e73", lw=1.5, label="predicted, kernel by kernel")
+    ax.plot(GPU_GRID, 1e3 * np.array(bound), ":", color="#009e73", lw=1.2, label="roofline: the bound")
     if gpu in PUBLISHED_SINGLE_STREAM:
         ax.plot([1], [1e3 / PUBLISHED_SINGLE_STREAM[gpu]], "o", color="black", label="published (llama.cpp)")
-    ridge = roofline.ridge_batch(spec, card, 0)
-    if ridge:
-        ax.axvline(ridge, color="grey", lw=0.8, ls="--")
-        ax.text(ridge, ax.get_ylim()[0], f" ridge: batch {ridge:.0f}", color="grey", fontsize=8, va="bottom")
+    ridge_line(ax, roofline.ridge_batch(spec, card, 0))
     ax.set(xscale="log", yscale="log", xlabel="users in the batch", ylabel="ms per decode step",
            title=f"{label}: {GPU_MODEL} bf16, {GPU_CONTEXT} tokens cached")  # fmt: skip
 

@@ -32,7 +32,7 @@ import torch
 from minillm.card import microbench as mb
 from minillm.model.checkpoint import resolve_device
 
-VERSION = 2  # what the file holds; an older file lacks the op-by-op rates and is measured again
+VERSION = 3  # what the file holds; an older file lacks (some of) the op-by-op rates and is measured again
 
 
 @dataclass(frozen=True)
@@ -45,6 +45,7 @@ class Sizes:
     attention_points: tuple = mb.ATTENTION_POINTS  # (sequences, cached tokens) timed through attend()
     chunks: tuple = mb.PREFILL_CHUNKS  # prompt chunk lengths whose attention FLOP/s is timed
     rows: tuple = mb.ROWS  # rows of the matmul curves
+    attention_heads: tuple = mb.ATTENTION_HEADS  # (query heads, kv heads, head dim) attend() is timed with
 
 
 DEFAULT_SIZES = {"cpu": Sizes(copy_mib=256, matmul_n=2048, tiny_ops=2000, repeats=7),
@@ -135,8 +136,12 @@ def measure_all(dev: torch.device, s: Sizes, progress: bool) -> dict:
             elif step == "streaming":
                 total = s.copy_mib * 2**20  # (256 MiB: 8x this machine's last-level cache; 1 GiB on a GPU)
                 out["stream_bandwidth"] = mb.measure_stream_bandwidth(dev, total, main, call, s.repeats)
-            elif step == "attention":
-                out["attention"] = mb.measure_attention(dev, call, s.repeats, s.attention_points, s.chunks)
+            elif step == "attention":  # per head shape: a row's overhead and a byte's cost both depend on it
+                out["attention"] = {
+                    "x".join(map(str, heads)): mb.measure_attention(dev, call, s.repeats, heads,
+                                                                    s.attention_points, s.chunks)
+                    for heads in s.attention_heads
+                }  # fmt: skip
             else:
                 rates = mb.measure_elementwise(dev, call, s.repeats)
                 out["elementwise_bandwidth"] = {str(size): rate for size, rate in rates.items()}

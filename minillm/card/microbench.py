@@ -29,7 +29,7 @@ ROWS = (1, 2, 4, 8, 16, 32, 64, 128, 256, 512)  # matmul rows measured: decode b
 # them (a BLAS reaches a different share of peak on a 256-wide matrix than on a 1024-wide one)
 MATRICES = ((256, 704), (512, 1408), (1024, 2816))
 MATRIX = MATRICES[1]  # the streaming measurement's shape
-ATTENTION_HEADS = (16, 4, 64)  # query heads, key/value heads, head dim of the attention microbenchmark
+ATTENTION_HEADS = ((8, 2, 32), (8, 2, 64), (16, 4, 64))  # (query heads, kv heads, head dim): the sizes' (sizes.py)
 # (sequences, cached tokens each): the first two hold the same bytes in 128 short rows and in 8 long ones (what a row
 # costs beyond its bytes); the rest grow the bytes from a few hundred kilobytes to past the size (a gathered copy of
 # 32 MiB) above which the allocator maps fresh pages for every copy (glibc's largest mmap threshold).
@@ -148,12 +148,13 @@ def measure_stream_bandwidth(device: torch.device, total_bytes: int, dtype: torc
     return count * size / max(median_seconds(stream, repeats, device) - count * call_s, 1e-9)
 
 
-def attention_cache(device: torch.device, sequences: int, cached: int, room: int):
-    """One layer's paged KV cache (ATTENTION_HEADS) whose `sequences` seats hold `cached` random tokens each."""
+def attention_cache(device: torch.device, heads: tuple[int, int, int], sequences: int, cached: int, room: int):
+    """One layer's paged KV cache with these (query heads, kv heads, head dim), whose `sequences` seats hold
+    `cached` random tokens each."""
     from minillm.config import ModelConfig
     from minillm.engine.kv_cache import PagedKVCache
 
-    heads, kv_heads, head_dim = ATTENTION_HEADS
+    heads, kv_heads, head_dim = heads
     cfg = ModelConfig(dim=heads * head_dim, n_layers=1, n_heads=heads, n_kv_heads=kv_heads, ffn_dim=8,
                       max_seq_len=cached + room)  # fmt: skip
     cache = PagedKVCache(cfg, num_blocks=sequences * -(-(cached + room) // 16), device=device)
@@ -164,18 +165,18 @@ def attention_cache(device: torch.device, sequences: int, cached: int, room: int
     return cache
 
 
-def measure_attention(device: torch.device, call_s: float, repeats: int, points=ATTENTION_POINTS,
-                      chunks=PREFILL_CHUNKS) -> list[dict]:  # fmt: skip
+def measure_attention(device: torch.device, call_s: float, repeats: int, heads=ATTENTION_HEADS[-1],
+                      points=ATTENTION_POINTS, chunks=PREFILL_CHUNKS) -> list[dict]:  # fmt: skip
     """The paged cache's attend() for one layer: store this step's keys and values, gather every sequence's
     blocks, attend. For decode at ATTENTION_POINTS (bytes: the keys and values attended over, fp32) and for a
     prompt chunk at PREFILL_CHUNKS (FLOPs: every query against every key, the masked ones included)."""
     from minillm.card.calibrate import count_torch_calls
 
-    heads, kv_heads, head_dim = ATTENTION_HEADS
+    shape, (heads, kv_heads, head_dim) = heads, heads
     measured = []
     shapes = [(sequences, cached, 1) for sequences, cached in points] + [(1, 0, n) for n in chunks]
     for sequences, cached, chunk in shapes:
-        cache = attention_cache(device, sequences, cached, chunk)
+        cache = attention_cache(device, shape, sequences, cached, chunk)
         cache.prepare(list(range(sequences)), chunk)
         q = torch.randn(sequences, chunk, heads, head_dim, device=device)  # (B, T, H, D)
         k = torch.randn(sequences, chunk, kv_heads, head_dim, device=device)  # (B, T, Hkv, D)

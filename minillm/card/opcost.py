@@ -92,17 +92,27 @@ def matmul_flops(cal: dict, rows: int, shape: tuple[int, int]) -> float:
     return _interpolate(by_size, shape[0] * shape[1])
 
 
-def attention_row_seconds(cal: dict) -> float:
+def attention_points(cal: dict, spec: ModelSpec) -> list[dict]:
+    """The attention measurements for this model's head shape, or the nearest one measured (head dim first, then
+    query heads per kv head, then heads)."""
+    shapes = {tuple(int(n) for n in key.split("x")): points for key, points in cal["attention"].items()}
+    want = (spec.heads, spec.kv_heads, spec.head_dim)
+    distance = lambda s: (abs(math.log(s[2] / want[2])), abs(math.log(s[0] * want[1] / (s[1] * want[0]))),
+                          abs(math.log(s[0] / want[0])))  # fmt: skip
+    return shapes[min(shapes, key=distance)]
+
+
+def attention_row_seconds(points: list[dict]) -> float:
     """What one row costs attend() beyond its bytes: the same bytes as 128 short rows and as 8 long ones."""
-    short, long_ = cal["attention"][:2]
+    short, long_ = points[:2]
     return max(0.0, (short["seconds"] - long_["seconds"]) / (short["sequences"] - long_["sequences"]))
 
 
-def attention_seconds(cal: dict, rows: int, kv_bytes: float, queries: int, flops: float) -> float:
+def attention_seconds(points: list[dict], rows: int, kv_bytes: float, queries: int, flops: float) -> float:
     """One group's attend(): each row a fixed cost, and its keys and values at the time per byte measured for that
     many bytes (gathered into a fresh copy, then read by attention); a prompt chunk (many queries) at least its
     FLOPs at the attention FLOP/s measured for chunks that long."""
-    points, per_row = cal["attention"], attention_row_seconds(cal)
+    per_row = attention_row_seconds(points)
     decode = [p for p in points if p["chunk"] == 1]
     per_byte = _interpolate([(p["kv_bytes"], max(p["seconds"] - p["sequences"] * per_row, 0.1 * p["seconds"])
                               / p["kv_bytes"]) for p in decode], kv_bytes)  # fmt: skip
@@ -166,11 +176,11 @@ def step_bill(spec: ModelSpec, cal: dict, rows, calls: int, dtype: str = "fp32",
         for _, (i, o), count in linears:  # a 1-row matmul from the cache reads 4 bytes per 2 FLOPs (fp32)
             cached_bandwidth = size * matmul_flops(cal, 1, (i, o)) / 2
             stream_s += count * i * o * size * max(0.0, 1 / cal["stream_bandwidth"] - 1 / cached_bandwidth)
-    attention_s = 0.0
+    attention_s, points = 0.0, attention_points(cal, spec)
     for count, new, longest in groups_of(rows):
         kv_bytes = count * -(-longest // BLOCK) * BLOCK * 2 * spec.kv_dim * 4  # the gather pads to the longest
         flops = 4 * count * new * longest * spec.heads * spec.head_dim
-        attention_s += spec.layers * attention_seconds(cal, count, kv_bytes, new, flops)
+        attention_s += spec.layers * attention_seconds(points, count, kv_bytes, new, flops)
     element_bytes = 4 * tokens * spec.layers * elementwise_floats_per_token(spec)
     elementwise_s = element_bytes / elementwise_bandwidth(cal, 4 * tokens * spec.hidden)
     call_s = cal.get("call_s", cal["launch_s"])  # minillm's own calls, timed on a stand-in; else the tiny-op mix
