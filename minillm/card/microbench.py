@@ -25,10 +25,10 @@ from pathlib import Path
 import torch
 
 ROWS = (1, 2, 4, 8, 16, 32, 64, 128, 256, 512)  # matmul rows measured: decode batches and prefill chunks
-# (in, out) of the rows curves' matrices: 0.7, 2.9 and 11.5 MB in fp32, as small, mid-sized and large layers have
-# them (a BLAS reaches a different share of peak on a 256-wide matrix than on a 1024-wide one)
-MATRICES = ((256, 704), (512, 1408), (1024, 2816))
-MATRIX = MATRICES[1]  # the streaming measurement's shape
+# (in, out) of the rows curves' matrices, 64 KB to 11.5 MB in fp32, the sizes the model sizes' layers have (a BLAS
+# reaches a different share of peak on a 256 x 64 key projection than on a 1024 x 2816 MLP matrix)
+MATRICES = ((256, 64), (256, 704), (512, 1408), (1024, 2816))
+MATRIX = MATRICES[2]  # the streaming measurement's shape
 ATTENTION_HEADS = ((8, 2, 32), (8, 2, 64), (16, 4, 64))  # (query heads, kv heads, head dim): the sizes' (sizes.py)
 # (sequences, cached tokens each): the first two hold the same bytes in 128 short rows and in 8 long ones (what a row
 # costs beyond its bytes); the rest grow the bytes from a few hundred kilobytes to past the size (a gathered copy of
