@@ -14,17 +14,18 @@ from minillm.config import ModelConfig
 from minillm.errors import ConfigError
 from minillm.model.transformer import Transformer
 
-# A made-up machine, in round numbers: matmuls of 1 row at 10 GFLOP/s, of 2 at 20, of 4 and more at 40; weights
-# stream from memory at 5 GB/s; a 1 MiB last-level cache; attention: 2 us a row beyond its bytes (the first two
-# points hold the same bytes in 128 rows and in 8), then 1 ns a byte; elementwise at 10 GB/s; 4 us a call in the
-# tiny-op mix (the roofline's launch cost), 5 us per call of minillm's own step (the predictor's).
+# A made-up machine, in round numbers: matmuls of 1 row at 10 GFLOP/s, of 2 at 20, of 4 and more at 40; a 1-row
+# matmul reads its matrices at 20 GB/s from working sets up to 8 MiB, at 5 GB/s from 64 MiB and more; attention:
+# 2 us a row beyond its bytes (the first two points hold the same bytes in 128 rows and in 8), then 1 ns a byte;
+# elementwise at 10 GB/s; 4 us a call in the tiny-op mix (the roofline's launch cost), 5 us per call of minillm's
+# own step (the predictor's).
 CAL = {
     "device": "cpu",
     "cache_bytes": 2**20,
     "launch_s": 4e-6,
     "call_s": 5e-6,
     "rows_flops": {"512x1408": {"1": 10e9, "2": 20e9, "4": 40e9, "512": 40e9}},
-    "stream_bandwidth": 5e9,
+    "stream_bandwidth": {"1048576": 20e9, "8388608": 20e9, "67108864": 5e9},  # 20 GB/s in the cache, then 5
     "attention": {  # measured with the toy's head shape (2 query heads, 1 kv head of 4): "2x1x4"
         "2x1x4": [
             {"sequences": 128, "cached": 15, "chunk": 1, "kv_bytes": 1e6, "flops": 0, "seconds": 128 * 2e-6 + 1e-3},
@@ -61,7 +62,7 @@ def test_one_decode_step_by_hand():
     # matmuls: q 8x8, k 8x4, v 8x4, o 8x8, gate 8x16, up 8x16, down 16x8 = 576 weights, 2 FLOPs each, 1 row at
     # 10 GFLOP/s; lm_head 8x10 likewise.
     assert bill.matmul_s == pytest.approx((2 * 576 + 2 * 80) / 10e9)
-    assert bill.stream_s == 0  # 656 weights x 4 bytes fit in the 1 MiB cache
+    assert bill.stream_s == 0  # 656 weights x 4 bytes: a working set the cache holds
     # attention: 1 row (2 us) + 16 keys x (k and v) x 4 values x 4 bytes = 512 bytes at 1 ns a byte
     assert bill.attention_s == pytest.approx(2e-6 + 512 * 1e-9)
     # elementwise: 20 x 8 + 11 x 8 + 13 x 4 + 5 x 16 = 380 floats a token, 4 bytes each, at 10 GB/s
@@ -72,11 +73,17 @@ def test_one_decode_step_by_hand():
 
 
 def test_weights_beyond_the_cache_are_streamed_at_the_extra_cost_of_memory():
-    big = replace(TOY, name="big", hidden=256, intermediate=1024, vocab=10)  # 1.1 M weights: 4.3 MB > 1 MiB
+    big = replace(TOY, name="big", hidden=2048, intermediate=8192)  # 50 M weights: 201 MB, past 64 MiB
     bill = opcost.step_bill(big, CAL, [(1, 15)], calls=0)
     weights = big.layer_matmul_params + big.vocab * big.hidden
-    cached_bandwidth = 4 * 10e9 / 2  # a 1-row matmul: 2 FLOPs per 4-byte weight at 10 GFLOP/s
-    assert bill.stream_s == pytest.approx(weights * 4 * (1 / 5e9 - 1 / cached_bandwidth))
+    assert bill.stream_s == pytest.approx(weights * 4 * (1 / 5e9 - 1 / 20e9))
+
+
+def test_the_kv_cache_a_step_reads_pushes_the_weights_out_of_the_cache():
+    one, many = (opcost.step_bill(TOY, CAL, [(1, 4000)] * rows, calls=0) for rows in (1, 2000))
+    assert one.stream_s == 0 and many.stream_s > 0  # 2000 rows x 4000 keys x 32 bytes x 2: past 64 MiB
+    weights = (TOY.layer_matmul_params + TOY.vocab * TOY.hidden) * 4
+    assert many.stream_s == pytest.approx(weights * (1 / 5e9 - 1 / 20e9))
 
 
 def test_a_prompt_chunk_prices_its_attention_flops():

@@ -139,12 +139,13 @@ def test_whatif_on_this_machine_reads_the_calibration(capsys, cache_home):
 
 def test_calibration_measures_the_op_by_op_rates(cache_home):
     sizes = Sizes(copy_mib=1, matmul_n=32, tiny_ops=20, repeats=2, attention_points=((4, 15), (2, 31), (1, 63)),
-                  chunks=(16,), rows=(1, 4), attention_heads=((4, 2, 8), (2, 1, 16)))  # fmt: skip
+                  chunks=(16,), rows=(1, 4), attention_heads=((4, 2, 8), (2, 1, 16)), stream_mib=(1, 4))  # fmt: skip
     cal = calibrate.calibrate("cpu", sizes, progress=False)
     assert cal["version"] == calibrate.VERSION and cal["threads"] == 1  # the one core the cost model describes
     assert set(cal["rows_flops"]) == {"256x64", "256x704", "512x1408", "1024x2816"}
     assert all(set(curve) == {"1", "4"} and min(curve.values()) > 0 for curve in cal["rows_flops"].values())
-    assert cal["stream_bandwidth"] > 0 and 0 < cal["call_s"] < 1e-3
+    assert len(cal["stream_bandwidth"]) == 2 and min(cal["stream_bandwidth"].values()) > 0
+    assert 0 < cal["call_s"] < 1e-3
     assert set(cal["attention"]) == {"4x2x8", "2x1x16"}
     points = cal["attention"]["4x2x8"]
     shapes = [(p["sequences"], p["cached"], p["chunk"]) for p in points]

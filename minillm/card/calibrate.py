@@ -7,7 +7,7 @@ to them, each measured by a microbenchmark of its own (microbench.py), none of t
   last-level cache (the roofline's bandwidth: what decode gets);
 - matmul FLOP/s: a large square matmul per dtype (the roofline's peak), and by rows, 1 to 512,
   through a matrix that stays in the cache (a 1-row matmul reaches a fraction of the peak);
-- streaming: how fast that 1-row matmul reads its matrix from memory instead (weights beyond the cache);
+- streaming: how fast a 1-row matmul reads its matrix, by the working set (in the cache, from memory);
 - attention over the KV cache: the paged cache's own attend() for one layer, at several sizes;
 - elementwise bandwidth (norms, rotary, SiLU, residual adds);
 - the fixed cost per torch call: Python, dispatch and (on a GPU) the kernel launch: a mix of the tiny
@@ -32,7 +32,7 @@ import torch
 from minillm.card import microbench as mb
 from minillm.model.checkpoint import resolve_device
 
-VERSION = 3  # what the file holds; an older file lacks (some of) the op-by-op rates and is measured again
+VERSION = 4  # what the file holds; an older file lacks (some of) the op-by-op rates and is measured again
 
 
 @dataclass(frozen=True)
@@ -46,6 +46,7 @@ class Sizes:
     chunks: tuple = mb.PREFILL_CHUNKS  # prompt chunk lengths whose attention FLOP/s is timed
     rows: tuple = mb.ROWS  # rows of the matmul curves
     attention_heads: tuple = mb.ATTENTION_HEADS  # (query heads, kv heads, head dim) attend() is timed with
+    stream_mib: tuple = mb.STREAM_MIB  # working sets of the streaming curve (MiB)
 
 
 DEFAULT_SIZES = {"cpu": Sizes(copy_mib=256, matmul_n=2048, tiny_ops=2000, repeats=7),
@@ -127,15 +128,14 @@ def measure_all(dev: torch.device, s: Sizes, progress: bool) -> dict:
                 name = step.split()[1]
                 out["flops"][name] = mb.measure_matmul(dev, s.matmul_n, dtypes[name], s.repeats)
             elif step == "rows":
-                cache = mb.last_level_cache_bytes(dev)
                 out["rows_flops"] = {  # (JSON keys are text)
-                    f"{i}x{o}": {str(r): f for r, f in mb.measure_rows_curve(dev, main, call, s.repeats, cache,
-                                                                             (i, o), s.rows).items()}
+                    f"{i}x{o}": {str(r): f for r, f in mb.measure_rows_curve(dev, main, call, s.repeats, (i, o),
+                                                                             s.rows).items()}
                     for i, o in mb.MATRICES
                 }  # fmt: skip
             elif step == "streaming":
-                total = s.copy_mib * 2**20  # (256 MiB: 8x this machine's last-level cache; 1 GiB on a GPU)
-                out["stream_bandwidth"] = mb.measure_stream_bandwidth(dev, total, main, call, s.repeats)
+                curve = mb.measure_stream_curve(dev, main, call, s.repeats, s.stream_mib)
+                out["stream_bandwidth"] = {str(size): rate for size, rate in curve.items()}
             elif step == "attention":  # per head shape: a row's overhead and a byte's cost both depend on it
                 out["attention"] = {
                     "x".join(map(str, heads)): mb.measure_attention(dev, call, s.repeats, heads,
@@ -214,10 +214,12 @@ def describe(cal: dict) -> str:
     )
     if "rows_flops" in cal:
         rows = cal["rows_flops"][f"{mb.MATRIX[0]}x{mb.MATRIX[1]}"]
+        stream = {int(size): rate for size, rate in cal["stream_bandwidth"].items()}
         text += (
             f"; {cal['call_s'] * 1e6:.2f} us per call of minillm's own step; through a {mb.MATRIX[0]}x{mb.MATRIX[1]} "
             f"matrix a matmul of 1 row reaches {rows['1'] / 1e9:.0f} GFLOP/s, of 512 rows {rows['512'] / 1e9:.0f}; "
-            f"1-row streaming from memory {cal['stream_bandwidth'] / 1e9:.1f} GB/s; last-level cache "
+            f"1-row streaming {stream[min(stream)] / 1e9:.0f} GB/s over {min(stream) / 2**20:.0f} MiB, "
+            f"{stream[max(stream)] / 1e9:.1f} GB/s over {max(stream) / 2**20:.0f} MiB; last-level cache "
             f"{cal['cache_bytes'] / 2**20:.0f} MiB; measured in {cal['seconds']:.0f} s"
         )
     return text + f"  [{cal['measured_at']}]"

@@ -5,8 +5,9 @@
 - matmul FLOP/s: one large square matmul per dtype (the roofline's peak), and three layer-sized
   matrices (in the last-level cache) multiplied by 1 to 512 rows: a 1-row matmul is a matrix-vector
   product and reaches a fraction of the big one's FLOP/s; the rate climbs with the rows and the size;
-- streaming: the same 1-row matmul over many such matrices that together are 4x the last-level
-  cache, so each is read from memory: what a model's layers get when its weights do not fit;
+- streaming: a 1-row matmul over many layer-sized matrices used in turn, by the size of the set
+  (2 MiB to 256 MiB): in the caches, then past the last-level cache from memory: what a model's
+  layers get when its weights (and the KV cache a step reads) do not fit;
 - attention over the KV: the paged cache's own attend() (minillm/engine/kv_cache.py) for one layer,
   from a few hundred kilobytes of keys and values to a hundred megabytes;
 - elementwise: a product of two tensors into a fresh one (norms, rotary, SiLU, residual adds);
@@ -28,7 +29,9 @@ ROWS = (1, 2, 4, 8, 16, 32, 64, 128, 256, 512)  # matmul rows measured: decode b
 # (in, out) of the rows curves' matrices, 64 KB to 11.5 MB in fp32, the sizes the model sizes' layers have (a BLAS
 # reaches a different share of peak on a 256 x 64 key projection than on a 1024 x 2816 MLP matrix)
 MATRICES = ((256, 64), (256, 704), (512, 1408), (1024, 2816))
-MATRIX = MATRICES[2]  # the streaming measurement's shape
+MATRIX = MATRICES[2]  # the shape `describe` quotes
+CACHED_MIB = 8  # the rows curves' working set (in a 32 MiB last-level cache): their rates include no streaming
+STREAM_MIB = (2, 4, 8, 16, 24, 32, 48, 64, 256)  # working sets the 1-row matmul sweep is timed over
 ATTENTION_HEADS = ((8, 2, 32), (8, 2, 64), (16, 4, 64))  # (query heads, kv heads, head dim): the sizes' (sizes.py)
 # (sequences, cached tokens each): the first two hold the same bytes in 128 short rows and in 8 long ones (what a row
 # costs beyond its bytes); the rest grow the bytes from a few hundred kilobytes to past the size (a gathered copy of
@@ -100,14 +103,14 @@ def measure_matmul(device: torch.device, n: int, dtype: torch.dtype, repeats: in
     return 2 * n**3 / median_seconds(lambda: a @ b, repeats, device)
 
 
-def measure_rows_curve(device: torch.device, dtype: torch.dtype, call_s: float, repeats: int, cache_bytes: int,
-                       shape=MATRIX, rows=ROWS) -> dict[int, float]:  # fmt: skip
+def measure_rows_curve(device: torch.device, dtype: torch.dtype, call_s: float, repeats: int, shape=MATRIX,
+                       rows=ROWS) -> dict[int, float]:  # fmt: skip
     """FLOP/s of x (rows, in) @ W.T for each count of rows, W (out, in) read from the last-level cache as a model's
-    layers read theirs: a few copies that together overflow the per-core caches but fit in the shared one, used in
-    turn. The fixed cost of each call is taken out."""
+    layers read theirs: copies that together (CACHED_MIB) overflow the per-core caches but fit in the shared one,
+    used in turn. The fixed cost of each call is taken out."""
     inputs, outputs = shape
     size = inputs * outputs * dtype.itemsize
-    copies = max(1, min(cache_bytes // 4, 8 * 2**20) // size)
+    copies = max(1, CACHED_MIB * 2**20 // size)
     weights = [torch.randn(outputs, inputs, device=device).to(dtype) for _ in range(copies)]
     rates = {}
     for count in rows:
@@ -131,21 +134,22 @@ def measure_call_cost(device: torch.device, repeats: int, layers: int = 4) -> fl
     return median_seconds(lambda: model(tokens, cache.prepare([0], 1), cache), repeats, device) / calls
 
 
-def measure_stream_bandwidth(device: torch.device, total_bytes: int, dtype: torch.dtype, call_s: float,
-                             repeats: int) -> float:  # fmt: skip
-    """Bytes per second a 1-row matmul reads when its matrix comes from memory: the rows-curve's matrix shape,
-    cycled through enough copies (`total_bytes`, several times the last-level cache) that none is still cached."""
-    inputs, outputs = MATRIX
+def measure_stream_curve(device: torch.device, dtype: torch.dtype, call_s: float, repeats: int,
+                         sizes_mib=STREAM_MIB) -> dict[int, float]:  # fmt: skip
+    """Bytes per second a 1-row matmul reads its matrix at, by the working set it sweeps: copies of a 256 x 704
+    matrix (0.7 MB) used in turn, `mib` MiB of them. Small sets stay in the caches; past the last-level cache
+    every matrix comes from memory. Measured, not assumed from the cache's size: other programs sharing the
+    cache shrink the share a process keeps, and this curve sees that."""
+    inputs, outputs = MATRICES[1]
     size = inputs * outputs * dtype.itemsize
-    count = max(8, -(-total_bytes // size))
-    weights = [torch.randn(outputs, inputs, device=device).to(dtype) for _ in range(count)]
+    weights = [torch.randn(outputs, inputs, device=device).to(dtype) for _ in range(-(-max(sizes_mib) * 2**20 // size))]
     x = torch.randn(1, inputs, device=device).to(dtype)
-
-    def stream():
-        for w in weights:
-            torch.nn.functional.linear(x, w)
-
-    return count * size / max(median_seconds(stream, repeats, device) - count * call_s, 1e-9)
+    rates = {}
+    for mib in sizes_mib:
+        used = weights[: max(1, mib * 2**20 // size)]
+        seconds = median_seconds(lambda: [torch.nn.functional.linear(x, w) for w in used], repeats, device)  # noqa: B023
+        rates[len(used) * size] = len(used) * size / max(seconds - len(used) * call_s, seconds / 10)
+    return rates
 
 
 def attention_cache(device: torch.device, heads: tuple[int, int, int], sequences: int, cached: int, room: int):

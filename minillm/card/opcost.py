@@ -8,8 +8,9 @@ calibrate.py measured for that kind of work:
     matmuls      2 x rows x in x out FLOPs per linear layer, at the FLOP/s a matmul of that many rows through
                  a matrix that size reaches (a 1-row matmul is a matrix-vector product: a fraction of a big
                  matmul's rate)
-    streaming    when the weights do not fit in the last-level cache, each matmul must also bring its
-                 matrix in from memory: weight bytes x (1 / streaming bandwidth - 1 / cached bandwidth)
+    streaming    when what a step touches (its weights and the KV cache it reads) outgrows the cache, each
+                 matmul must also bring its matrix in from memory: weight bytes x (1 / the 1-row rate for a
+                 working set that size - 1 / the rate for one the cache holds), both measured
     attention    each layer stores the new keys and values, gathers every row's blocks into one tensor
                  (a fresh copy) and attends: priced from the cache's own attend() measured at several sizes
     elementwise  norms, rotary, SiLU, residual adds: the bytes they read and write, at the elementwise rate
@@ -28,6 +29,7 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass
 
+from minillm.card.microbench import CACHED_MIB
 from minillm.card.modelspec import ModelSpec
 from minillm.errors import ConfigError
 
@@ -42,7 +44,7 @@ class StepBill:
     calls: int
     calls_s: float  # the fixed cost of every torch call
     matmul_s: float  # linear layers' FLOPs at the FLOP/s for their number of rows
-    stream_s: float  # bringing weights in from memory (0 when they fit in the last-level cache)
+    stream_s: float  # bringing weights in from memory (0 while the step's working set fits in the cache)
     attention_s: float  # storing, gathering and attending over the KV cache
     elementwise_s: float  # norms, rotary, SiLU, residual adds
     overlapped: bool = False  # a GPU: the host issues calls while the device runs earlier ones
@@ -141,10 +143,11 @@ def linear_shapes(spec: ModelSpec) -> list[tuple[int, int]]:
     return [(h, q), (h, kv), (h, kv), (q, h), (h, f), (h, f), (f, h)]
 
 
-def weights_streamed(spec: ModelSpec, cal: dict, dtype: str = "fp32") -> bool:
-    """True when the matrices do not fit in the last-level cache, so each step reads them from memory."""
-    matrices = spec.layers * spec.layer_matmul_params + spec.vocab * spec.hidden
-    return matrices * WEIGHT_BYTES[dtype] > cal["cache_bytes"]
+def stream_seconds_per_byte(cal: dict, working_set: float) -> float:
+    """The extra time a 1-row matmul spends per weight byte when the step's working set is `working_set` bytes,
+    over what it spends when the cache holds its matrices (the rows curves' working set)."""
+    curve = [(int(size), 1 / rate) for size, rate in cal["stream_bandwidth"].items()]
+    return max(0.0, _interpolate(curve, working_set) - _interpolate(curve, CACHED_MIB * 2**20))
 
 
 def groups_of(rows) -> list[tuple[int, int, int]]:
@@ -171,16 +174,14 @@ def step_bill(spec: ModelSpec, cal: dict, rows, calls: int, dtype: str = "fp32",
     logits = len(rows) if logits_rows is None else logits_rows
     linears = [(tokens, shape, spec.layers) for shape in linear_shapes(spec)] + [(logits, (spec.hidden, spec.vocab), 1)]
     matmul_s = sum(count * 2 * m * i * o / matmul_flops(cal, m, (i, o)) for m, (i, o), count in linears)
-    stream_s = 0.0
-    if weights_streamed(spec, cal, dtype):
-        for _, (i, o), count in linears:  # a 1-row matmul from the cache reads 4 bytes per 2 FLOPs (fp32)
-            cached_bandwidth = size * matmul_flops(cal, 1, (i, o)) / 2
-            stream_s += count * i * o * size * max(0.0, 1 / cal["stream_bandwidth"] - 1 / cached_bandwidth)
-    attention_s, points = 0.0, attention_points(cal, spec)
+    attention_s, points, kv_total = 0.0, attention_points(cal, spec), 0
     for count, new, longest in groups_of(rows):
         kv_bytes = count * -(-longest // BLOCK) * BLOCK * 2 * spec.kv_dim * 4  # the gather pads to the longest
+        kv_total += spec.layers * kv_bytes
         flops = 4 * count * new * longest * spec.heads * spec.head_dim
         attention_s += spec.layers * attention_seconds(points, count, kv_bytes, new, flops)
+    weights = sum(count * i * o for _, (i, o), count in linears) * size
+    stream_s = weights * stream_seconds_per_byte(cal, weights + 2 * kv_total)  # the pool read, and its gathered copy
     element_bytes = 4 * tokens * spec.layers * elementwise_floats_per_token(spec)
     elementwise_s = element_bytes / elementwise_bandwidth(cal, 4 * tokens * spec.hidden)
     call_s = cal.get("call_s", cal["launch_s"])  # minillm's own calls, timed on a stand-in; else the tiny-op mix
