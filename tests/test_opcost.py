@@ -26,6 +26,7 @@ CAL = {
     "call_s": 5e-6,
     "rows_flops": {"512x1408": {"1": 10e9, "2": 20e9, "4": 40e9, "512": 40e9}},
     "stream_bandwidth": {"1048576": 20e9, "8388608": 20e9, "67108864": 5e9},  # 20 GB/s in the cache, then 5
+    "stream_by_shape": {"512x1408": 5e9},  # from memory, every matrix size (one measured)
     "attention": {  # measured with the toy's head shape (2 query heads, 1 kv head of 4): "2x1x4"
         "2x1x4": [
             {"sequences": 128, "cached": 15, "chunk": 1, "kv_bytes": 1e6, "flops": 0, "seconds": 128 * 2e-6 + 1e-3},
@@ -77,6 +78,13 @@ def test_weights_beyond_the_cache_are_streamed_at_the_extra_cost_of_memory():
     bill = opcost.step_bill(big, CAL, [(1, 15)], calls=0)
     weights = big.layer_matmul_params + big.vocab * big.hidden
     assert bill.stream_s == pytest.approx(weights * 4 * (1 / 5e9 - 1 / 20e9))
+
+
+def test_a_working_set_part_way_past_the_cache_streams_part_of_the_way():
+    # 1/rate by working set: 1/20e9 at 8 MiB, 1/5e9 at 64 MiB, log-log between: 1/10e9 at the geometric middle
+    middle = 2 ** ((23 + 26) / 2)
+    assert opcost.streamed_share(CAL, middle) == pytest.approx((1 / 10e9 - 1 / 20e9) / (1 / 5e9 - 1 / 20e9))
+    assert opcost.streamed_share(CAL, 2**20) == 0 and opcost.streamed_share(CAL, 2**30) == 1
 
 
 def test_the_kv_cache_a_step_reads_pushes_the_weights_out_of_the_cache():

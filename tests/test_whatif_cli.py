@@ -145,6 +145,7 @@ def test_calibration_measures_the_op_by_op_rates(cache_home):
     assert set(cal["rows_flops"]) == {"256x64", "256x704", "512x1408", "1024x2816"}
     assert all(set(curve) == {"1", "4"} and min(curve.values()) > 0 for curve in cal["rows_flops"].values())
     assert len(cal["stream_bandwidth"]) == 2 and min(cal["stream_bandwidth"].values()) > 0
+    assert set(cal["stream_by_shape"]) == set(cal["rows_flops"]) and min(cal["stream_by_shape"].values()) > 0
     assert 0 < cal["call_s"] < 1e-3
     assert set(cal["attention"]) == {"4x2x8", "2x1x16"}
     points = cal["attention"]["4x2x8"]

@@ -136,6 +136,11 @@ def measure_all(dev: torch.device, s: Sizes, progress: bool) -> dict:
             elif step == "streaming":
                 curve = mb.measure_stream_curve(dev, main, call, s.repeats, s.stream_mib)
                 out["stream_bandwidth"] = {str(size): rate for size, rate in curve.items()}
+                out["stream_by_shape"] = {  # from memory: each matrix size at the largest working set
+                    f"{i}x{o}": max(mb.measure_stream_curve(dev, main, call, s.repeats, s.stream_mib[-1:],
+                                                            (i, o)).values())
+                    for i, o in mb.MATRICES
+                }  # fmt: skip
             elif step == "attention":  # per head shape: a row's overhead and a byte's cost both depend on it
                 out["attention"] = {
                     "x".join(map(str, heads)): mb.measure_attention(dev, call, s.repeats, heads,

@@ -70,10 +70,11 @@ def engine_step(spec: ModelSpec, device: Device, rows, dtype="bf16", kv_dtype="b
     matmul_bytes = streamed + (embedding_row + a_token) * tokens + a_row * n_rows
     matmul_flops = f_token * tokens + f_row * n_rows
     matmul_memory = matmul_bytes / bandwidth
-    matmul_compute = matmul_flops / (peak * COMPUTE_EFFICIENCY[compute_dtype(dtype, device)])
+    share = lambda dtype: 1.0 if device.achieved else COMPUTE_EFFICIENCY[dtype]  # measured rates: already achieved
+    matmul_compute = matmul_flops / (peak * share(compute_dtype(dtype, device)))
     attention_memory = (kernels.kv_passes * kv * cached + kv * tokens) / bandwidth
     sixteen = "fp32" if dtype == "fp32" else "bf16"
-    attention_compute = f_key * keys / (device.peak_flops(sixteen) * COMPUTE_EFFICIENCY[sixteen])
+    attention_compute = f_key * keys / (device.peak_flops(sixteen) * share(sixteen))
     bound = lambda memory, compute: "memory" if memory >= compute else "compute"
     return EngineStep(max(matmul_memory, matmul_compute), max(attention_memory, attention_compute), overhead,
                       bound(matmul_memory, matmul_compute), bound(attention_memory, attention_compute))  # fmt: skip

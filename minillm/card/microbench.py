@@ -135,12 +135,13 @@ def measure_call_cost(device: torch.device, repeats: int, layers: int = 4) -> fl
 
 
 def measure_stream_curve(device: torch.device, dtype: torch.dtype, call_s: float, repeats: int,
-                         sizes_mib=STREAM_MIB) -> dict[int, float]:  # fmt: skip
-    """Bytes per second a 1-row matmul reads its matrix at, by the working set it sweeps: copies of a 256 x 704
-    matrix (0.7 MB) used in turn, `mib` MiB of them. Small sets stay in the caches; past the last-level cache
+                         sizes_mib=STREAM_MIB, shape=MATRICES[1]) -> dict[int, float]:  # fmt: skip
+    """Bytes per second a 1-row matmul reads its matrix at, by the working set it sweeps: copies of one matrix
+    (256 x 704: 0.7 MB) used in turn, `mib` MiB of them. Small sets stay in the caches; past the last-level cache
     every matrix comes from memory. Measured, not assumed from the cache's size: other programs sharing the
-    cache shrink the share a process keeps, and this curve sees that."""
-    inputs, outputs = MATRICES[1]
+    cache shrink the share a process keeps, and this curve sees that. (From memory, a large matrix streams
+    faster than a small one: `calibrate` also times each of MATRICES over the largest set.)"""
+    inputs, outputs = shape
     size = inputs * outputs * dtype.itemsize
     weights = [torch.randn(outputs, inputs, device=device).to(dtype) for _ in range(-(-max(sizes_mib) * 2**20 // size))]
     x = torch.randn(1, inputs, device=device).to(dtype)

@@ -9,8 +9,9 @@ calibrate.py measured for that kind of work:
                  a matrix that size reaches (a 1-row matmul is a matrix-vector product: a fraction of a big
                  matmul's rate)
     streaming    when what a step touches (its weights and the KV cache it reads) outgrows the cache, each
-                 matmul must also bring its matrix in from memory: weight bytes x (1 / the 1-row rate for a
-                 working set that size - 1 / the rate for one the cache holds), both measured
+                 matmul must also bring its matrix in from memory: weight bytes x (1 / the rate a 1-row matmul
+                 streams a matrix that size from memory - 1 / its rate from the cache), times how far the
+                 step's working set is past the cache on the measured curve (0 to 1)
     attention    each layer stores the new keys and values, gathers every row's blocks into one tensor
                  (a fresh copy) and attends: priced from the cache's own attend() measured at several sizes
     elementwise  norms, rotary, SiLU, residual adds: the bytes they read and write, at the elementwise rate
@@ -143,11 +144,22 @@ def linear_shapes(spec: ModelSpec) -> list[tuple[int, int]]:
     return [(h, q), (h, kv), (h, kv), (q, h), (h, f), (h, f), (f, h)]
 
 
-def stream_seconds_per_byte(cal: dict, working_set: float) -> float:
-    """The extra time a 1-row matmul spends per weight byte when the step's working set is `working_set` bytes,
-    over what it spends when the cache holds its matrices (the rows curves' working set)."""
+def streamed_share(cal: dict, working_set: float) -> float:
+    """How much of the way from "the cache holds the weights" (0) to "every weight comes from memory" (1) a step
+    with this working set is, read off the measured curve of 1-row rates by working set."""
     curve = [(int(size), 1 / rate) for size, rate in cal["stream_bandwidth"].items()]
-    return max(0.0, _interpolate(curve, working_set) - _interpolate(curve, CACHED_MIB * 2**20))
+    cached, memory = _interpolate(curve, CACHED_MIB * 2**20), max(curve)[1]  # (the largest set: from memory)
+    if memory <= cached:
+        return 0.0
+    return min(1.0, max(0.0, (_interpolate(curve, working_set) - cached) / (memory - cached)))
+
+
+def stream_seconds_per_byte(cal: dict, shape: tuple[int, int], size: int) -> float:
+    """What a 1-row matmul through an (in, out) matrix spends per weight byte bringing it in from memory, beyond its
+    time from the cache (the rows curves' rate: 2 FLOPs per weight of `size` bytes)."""
+    by_size = [(int(k.split("x")[0]) * int(k.split("x")[1]), 1 / rate) for k, rate in cal["stream_by_shape"].items()]
+    cached = 2 / (size * matmul_flops(cal, 1, shape))
+    return max(0.0, _interpolate(by_size, shape[0] * shape[1]) - cached)
 
 
 def groups_of(rows) -> list[tuple[int, int, int]]:
@@ -181,7 +193,9 @@ def step_bill(spec: ModelSpec, cal: dict, rows, calls: int, dtype: str = "fp32",
         flops = 4 * count * new * longest * spec.heads * spec.head_dim
         attention_s += spec.layers * attention_seconds(points, count, kv_bytes, new, flops)
     weights = sum(count * i * o for _, (i, o), count in linears) * size
-    stream_s = weights * stream_seconds_per_byte(cal, weights + 2 * kv_total)  # the pool read, and its gathered copy
+    share = streamed_share(cal, weights + 2 * kv_total)  # the step touches its weights, the KV pool and its copy
+    stream_s = share * sum(count * i * o * size * stream_seconds_per_byte(cal, (i, o), size) for _, (i, o), count in
+                           linears)  # fmt: skip
     element_bytes = 4 * tokens * spec.layers * elementwise_floats_per_token(spec)
     elementwise_s = element_bytes / elementwise_bandwidth(cal, 4 * tokens * spec.hidden)
     call_s = cal.get("call_s", cal["launch_s"])  # minillm's own calls, timed on a stand-in; else the tiny-op mix
