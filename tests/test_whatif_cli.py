@@ -8,6 +8,7 @@ from minillm.__main__ import main
 from minillm.card import calibrate
 from minillm.card.calibrate import Sizes
 from minillm.card.hardware import this_machine
+from minillm.card.measure import count_torch_calls
 
 TINY_SIZES = Sizes(copy_mib=1, matmul_n=32, tiny_ops=20, repeats=2)
 
@@ -116,8 +117,8 @@ def test_torch_calls_are_counted_views_and_methods_included():
     import torch
 
     x = torch.ones(4)
-    assert calibrate.count_torch_calls(lambda: torch.add(x, x).view(2, 2).sum()) == 3
-    assert calibrate.count_torch_calls(lambda: x.shape) == 0  # an attribute read is free
+    assert count_torch_calls(lambda: torch.add(x, x).view(2, 2).sum()) == 3
+    assert count_torch_calls(lambda: x.shape) == 0  # an attribute read is free
 
 
 def test_calibrate_command(capsys, cache_home, monkeypatch):

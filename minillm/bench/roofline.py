@@ -17,7 +17,7 @@ def bench_roofline(model: Transformer, s) -> dict:
     device = next(model.parameters()).device.type
     batches = (1, 8, 64, 128) if s.quick else (1, 2, 4, 8, 16, 32, 64, 128)
     chunks = (64, 512) if s.quick else (64, 128, 256, 512)
-    v = validate(device, batches=batches, chunks=chunks, budget_s=2.0 if s.quick else 4.0, progress=False)
+    v = validate(device, batches=batches, chunks=chunks, budget_s=1.0 if s.quick else 2.0, progress=False)
     published = bench_published(model, s)
     keys = ("calibration", "rows", "per_size", "decode", "prefill", "goals", "load_before", "load_after", "met")
     return {key: v[key] for key in keys} | {"published": published}

@@ -62,24 +62,6 @@ def calibration_path(device: str) -> Path:
     return cache_dir() / f"calibration-{device}.json"
 
 
-def count_torch_calls(fn) -> int:
-    """Torch calls from Python while fn() runs (counted, not timed), the unit the fixed cost per op is
-    priced in. Attribute reads (.shape, .device) are free and not counted."""
-    from torch.overrides import TorchFunctionMode
-
-    class Count(TorchFunctionMode):
-        calls = 0
-
-        def __torch_function__(self, func, types, args=(), kwargs=None):
-            if getattr(func, "__name__", "") != "__get__":
-                Count.calls += 1
-            return func(*args, **(kwargs or {}))
-
-    with Count():
-        fn()
-    return Count.calls
-
-
 def memory_bytes(device: torch.device) -> int:
     if device.type == "cuda":
         return torch.cuda.get_device_properties(device).total_memory

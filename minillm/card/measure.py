@@ -20,6 +20,24 @@ from minillm.engine.kv_cache import ContiguousKVCache, PagedKVCache
 from minillm.model.transformer import Transformer
 
 
+def count_torch_calls(fn) -> int:
+    """Torch calls from Python while fn() runs (counted, not timed), the unit the fixed cost per op is
+    priced in. Attribute reads (.shape, .device) are free and not counted."""
+    from torch.overrides import TorchFunctionMode
+
+    class Count(TorchFunctionMode):
+        calls = 0
+
+        def __torch_function__(self, func, types, args=(), kwargs=None):
+            if getattr(func, "__name__", "") != "__get__":
+                Count.calls += 1
+            return func(*args, **(kwargs or {}))
+
+    with Count():
+        fn()
+    return Count.calls
+
+
 def sync(device: torch.device) -> None:
     if device.type == "cuda":
         torch.cuda.synchronize()
@@ -105,8 +123,6 @@ def timed_samples(fn, device: torch.device, budget_s: float, least: int = 6, mos
 def step_calls(model: Transformer, batch: int, context: int, new: int = 1) -> int:
     """Torch calls from Python in one paged step of `model`, counted (not timed) on the real forward: `batch` rows of
     `new` tokens each after `context` cached ones (decode: new = 1; a prompt chunk: batch = 1, new = its length)."""
-    from minillm.card.calibrate import count_torch_calls
-
     device = next(model.parameters()).device
     cache = filled_cache(model, batch, context, new)
     tokens, seats = torch.randint(0, 256, (batch, new), device=device), list(range(batch))

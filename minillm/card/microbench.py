@@ -175,7 +175,7 @@ def measure_attention(device: torch.device, call_s: float, repeats: int, heads=A
     """The paged cache's attend() for one layer: store this step's keys and values, gather every sequence's
     blocks, attend. For decode at ATTENTION_POINTS (bytes: the keys and values attended over, fp32) and for a
     prompt chunk at PREFILL_CHUNKS (FLOPs: every query against every key, the masked ones included)."""
-    from minillm.card.calibrate import count_torch_calls
+    from minillm.card.measure import count_torch_calls
 
     shape, (heads, kv_heads, head_dim) = heads, heads
     measured = []
@@ -227,7 +227,7 @@ def measure_op_mix_cost(device: torch.device, ops: int, repeats: int) -> float:
     module calls, a matmul, a norm, views, an index, slices and a cat, attention. Different kinds
     cost different amounts (a view is metadata, a matmul enters a BLAS library, attention is a
     dispatcher of its own), so an empty op repeated underestimates what a model's calls cost."""
-    from minillm.card.calibrate import count_torch_calls
+    from minillm.card.measure import count_torch_calls
 
     norm, proj = _TinyNorm().to(device), torch.nn.Linear(16, 16, bias=False, device=device)
     x = torch.randn(1, 1, 16, device=device)

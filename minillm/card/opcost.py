@@ -17,7 +17,7 @@ calibrate.py measured for that kind of work:
     elementwise  norms, rotary, SiLU, residual adds: the bytes they read and write, at the elementwise rate
     calls        every torch call pays a fixed cost (Python, dispatch, module calls, the cache's bookkeeping;
                  on a GPU the kernel launch), timed on a 16-wide stand-in of minillm's own step, times
-                 the calls the step really makes, COUNTED on the real forward (calibrate.count_torch_calls),
+                 the calls the step really makes, COUNTED on the real forward (measure.count_torch_calls),
                  never assumed: fusing three projections into one changes the count, and the price follows
 
 On a CPU the terms add: on one core, one op runs after another. On a GPU the host issues calls while the
