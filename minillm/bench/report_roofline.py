@@ -7,6 +7,7 @@ from pathlib import Path
 
 import matplotlib.pyplot as plt
 import numpy as np
+from matplotlib.ticker import FuncFormatter, LogLocator, NullFormatter
 
 GRID = np.unique(np.geomspace(1, 128, 29).round().astype(int))  # batches the curves are drawn at
 GPU_GRID = np.unique(np.geomspace(1, 512, 31).round().astype(int))
@@ -80,8 +81,13 @@ def roofline_figure(rows: list[dict], cal: dict, small: str = "3m", big: str = "
     machine_panel(axes[0, 1], rows, cal, big)
     for ax, (gpu, label) in zip(axes[1], CARDS):
         card_panel(ax, gpu, label)
+    plain = FuncFormatter(lambda value, _: f"{value:g}")  # 20 and 60, not 2 x 10^1 and 6 x 10^1
     for ax in axes.flat:
         ax.legend(fontsize=7, loc="upper left")
+        ax.yaxis.set_major_locator(LogLocator(subs=(1.0, 2.0, 5.0)))
+        for axis in (ax.xaxis, ax.yaxis):
+            axis.set_major_formatter(plain)
+            axis.set_minor_formatter(NullFormatter())
     fig.suptitle("Step time against batch: the same formula, different numbers (flat until the ridge, then rising)")
     fig.tight_layout()
     return fig

@@ -116,8 +116,8 @@ def summary(p: dict) -> str:
         f"{p['tokens_per_s']:,.0f} tokens/s in total, {p['per_user_tokens_per_s']:.1f} per user",
         f"            one user alone: {p['single_user_tokens_per_s']:.1f} tokens/s (ceiling: bandwidth / weight bytes "
         f"= {p['bandwidth_ceiling_tokens_per_s']:.1f}; the model assumes {p['efficiency']:.0%} of peak)",
-        f"            the roofline's bound: {p['bound_step_s'] * 1e3:.1f} ms per step (enginecost.py: why a real "
-        "step is slower)",
+        f"            the roofline's bound: {p['bound_step_s'] * 1e3:.1f} ms per step (no engine is faster; "
+        "enginecost.py says why one is slower)",
         f"  bound     {p['bound']}: {p['intensity']:.1f} FLOPs per byte against the card's ridge of "
         f"{p['ridge_intensity']:.0f}" + (f" (compute-bound from about batch {p['ridge_batch']:.0f} at short context)"
                                           if p["ridge_batch"] else ""),
