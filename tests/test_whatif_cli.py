@@ -10,7 +10,7 @@ from minillm.card.calibrate import Sizes
 from minillm.card.hardware import this_machine
 from minillm.card.measure import count_torch_calls
 
-TINY_SIZES = Sizes(copy_mib=1, matmul_n=32, tiny_ops=20, repeats=2)
+TINY_SIZES = Sizes(copy_mib=1, matmul_n=32, tiny_ops=20, repeats=2, op_by_op=False)  # the op-by-op rates: below
 
 
 def run_cli(capsys, *argv):

@@ -176,7 +176,7 @@ def step_bill(spec: ModelSpec, cal: dict, rows, calls: int, dtype: str = "fp32",
     rows: (new_tokens, cached_before) per row; calls: torch calls the step makes (counted on the real forward);
     logits_rows: rows whose next token is computed (default: every row)."""
     if "rows_flops" not in cal:
-        raise ConfigError("this calibration predates the op-by-op rates; run `python -m minillm calibrate` again")
+        raise ConfigError("this calibration lacks the op-by-op rates; run `python -m minillm calibrate`")
     if dtype not in WEIGHT_BYTES:
         raise ConfigError(f"minillm's forward runs in {', '.join(WEIGHT_BYTES)}, not {dtype!r}")
     rows = list(rows)
