@@ -12,7 +12,8 @@
   from a few hundred kilobytes of keys and values to a hundred megabytes;
 - elementwise: a product of two tensors into a fresh one (norms, rotary, SiLU, residual adds);
 - the fixed cost per torch call: an empty op repeated, a mix of the tiny ops a step makes, and
-  minillm's own decode step on a 16-wide stand-in, where the arithmetic is nothing.
+  minillm's own decode step on a 16-wide stand-in, where the arithmetic is nothing (its caches
+  as cold as a real step leaves them).
 Each figure is the better of two medians of repeats, timed as steps are (measure.step_clock: on one CPU
 thread, the process's CPU time; machines are shared). Times exclude the calls' fixed cost, which the
 cost model charges separately per counted call.
@@ -122,7 +123,10 @@ def measure_rows_curve(device: torch.device, dtype: torch.dtype, call_s: float, 
 
 def measure_call_cost(device: torch.device, repeats: int, layers: int = 4) -> float:
     """Seconds per torch call of minillm's own decode step, timed on a 16-wide stand-in of `layers` layers where the
-    arithmetic is nothing: Python, module calls, dispatch and the cache's bookkeeping, per call the step makes."""
+    arithmetic is nothing: Python, module calls, dispatch and the cache's bookkeeping, per call the step makes.
+    A real step streams each layer's weights through the core's caches and evicts the interpreter's own state;
+    so the stand-in reads 2 MiB (a layer's worth, more than a core's L2) before each layer, and that reading's
+    time is taken out again: what is left is the calls, as they run between real layers."""
     from minillm.card.measure import filled_cache, step_calls
     from minillm.config import ModelConfig
     from minillm.model.transformer import Transformer
@@ -130,8 +134,23 @@ def measure_call_cost(device: torch.device, repeats: int, layers: int = 4) -> fl
     model = Transformer(ModelConfig(dim=16, n_layers=layers, n_heads=2, n_kv_heads=1, ffn_dim=16, max_seq_len=512))
     model = model.to(device).eval()
     calls = step_calls(model, 1, 16)
-    cache, tokens = filled_cache(model, 1, 16, 2 * repeats + 8), torch.zeros(1, 1, dtype=torch.long, device=device)
-    return median_seconds(lambda: model(tokens, cache.prepare([0], 1), cache), repeats, device) / calls
+    cache, tokens = filled_cache(model, 1, 16, 4 * repeats + 16), torch.zeros(1, 1, dtype=torch.long, device=device)
+    layer_weights = [torch.randn(2**19) for _ in range(layers)]  # 2 MiB each, in the CPU's caches (the host's)
+    reads = median_seconds(lambda: [w.sum() for w in layer_weights], repeats, torch.device("cpu"))
+
+    def reader(weights: torch.Tensor):
+        def read(*_) -> None:  # a pre-hook that returns nothing leaves the layer's inputs as they are
+            weights.sum()
+
+        return read
+
+    hooks = [layer.register_forward_pre_hook(reader(w)) for layer, w in zip(model.layers, layer_weights)]
+    try:
+        step = median_seconds(lambda: model(tokens, cache.prepare([0], 1), cache), repeats, device)
+    finally:
+        for hook in hooks:
+            hook.remove()
+    return max(step - reads, step / 2) / calls
 
 
 def measure_stream_curve(device: torch.device, dtype: torch.dtype, call_s: float, repeats: int,
