@@ -5,7 +5,7 @@ from dataclasses import replace
 
 import pytest
 
-from minillm.bench.scheduling import PUBLISHED_SINGLE_STREAM
+from minillm.bench.published import PUBLISHED_SINGLE_STREAM
 from minillm.card import roofline
 from minillm.card.hardware import DEVICES, Device, get_device
 from minillm.card.modelspec import ModelSpec, load_spec
@@ -136,7 +136,7 @@ def test_unknown_gpu_lists_the_known_ones():
 
 
 # --- the published check: Llama-3-8B bf16, one stream, llama.cpp ------------------------------------
-# The figures and their source: bench/scheduling.py PUBLISHED_SINGLE_STREAM (tg 512 from an empty context, so about
+# The figures and their source: bench/published.py PUBLISHED_SINGLE_STREAM (tg 512 from an empty context, so about
 # 256 tokens of context on average). Llama-3-8B has Llama-3.1-8B's shapes (8,030,261,248 parameters).
 @pytest.mark.parametrize("gpu,reported", PUBLISHED_SINGLE_STREAM.items())
 def test_single_stream_8b_stays_under_the_bandwidth_ceiling_near_the_reports(gpu, reported):

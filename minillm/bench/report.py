@@ -9,6 +9,7 @@ import matplotlib
 matplotlib.use("Agg")
 import matplotlib.pyplot as plt  # noqa: E402
 
+from minillm.bench import report_roofline as roofline  # noqa: E402
 from minillm.bench import report_scheduling as scheduling  # noqa: E402
 
 verdict = scheduling.verdict
@@ -64,7 +65,7 @@ def plot_all(results: dict, out: Path) -> list[Path]:
         ax.bar(labels, [r["tokens_per_s"] for r in rows], color=["tab:grey", "tab:blue", "tab:olive", "tab:green"])
         ax.set(ylabel="tokens/s", title="{static, continuous} x {contiguous, paged}, same KV memory")
         paths.append(_save(fig, out / "two_by_two.png"))
-    return paths + scheduling.plots(results, out, _save)
+    return paths + scheduling.plots(results, out, _save) + roofline.plots(results, out, _save)
 
 
 def _save(fig, path: Path) -> Path:
@@ -171,6 +172,7 @@ def markdown(results: dict, command: str, plot_dir: str | None = None) -> str:
         ]
         img("two_by_two")
     lines += scheduling.markdown(results, img)
+    lines += roofline.markdown(results, img)
     if "calls" in results:
         from minillm.bench.calls import markdown as calls_markdown
 

@@ -12,6 +12,7 @@ import time
 from minillm.bench import claims
 from minillm.bench.calls import bench_calls
 from minillm.bench.common import BenchSettings, machine_description
+from minillm.bench.roofline import bench_roofline
 from minillm.bench.scheduling import BENCHES as SCHEDULING_BENCHES
 from minillm.bench.server import bench_server
 from minillm.bench.versus import bench_vs_transformers
@@ -27,7 +28,12 @@ BENCHES = (
         "two_by_two": claims.bench_two_by_two,
     }
     | SCHEDULING_BENCHES
-    | {"calls": bench_calls, "vs_transformers": bench_vs_transformers, "server": bench_server}
+    | {
+        "roofline": bench_roofline,
+        "calls": bench_calls,
+        "vs_transformers": bench_vs_transformers,
+        "server": bench_server,
+    }
 )
 
 
