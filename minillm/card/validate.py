@@ -124,16 +124,20 @@ def measurements_path(device: str):
     return cache_dir() / f"roofline-{device}.json"
 
 
+def measurements(device: str) -> dict:
+    """The last saved `whatif --validate` (or `bench --roofline`) result on this kind of device; {} if none."""
+    try:
+        return json.loads(measurements_path(device).read_text())
+    except (OSError, ValueError):
+        return {}
+
+
 def this_machine(device: str = "auto") -> dict:
     """What the app's what-if tab needs for "this machine": the card calibrated here (a hardware.Device, priced by
     the same roofline as the datasheet cards), the calibration's figures, and the last measured steps
     (`whatif --validate` or `bench --roofline`; [] until one has run), each with its two predictions."""
     kind = resolve_device(device).type
-    cal = load_or_calibrate(kind, progress=False)
-    try:
-        saved = json.loads(measurements_path(kind).read_text())
-    except (OSError, ValueError):
-        saved = {}
+    cal, saved = load_or_calibrate(kind, progress=False), measurements(kind)
     dots = [{key: r[key] for key in ("size", "batch", "context", "chunk", "measured_s", "predicted_s", "bound_s")}
             for r in saved.get("rows", [])]  # fmt: skip
     return {"card": from_calibration(cal), "calibration": cal, "description": describe(cal), "dots": dots,
