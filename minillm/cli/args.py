@@ -43,3 +43,9 @@ def load_model_from(args: argparse.Namespace):
     from minillm.model.checkpoint import load_model
 
     return load_model(args.checkpoint, args.device)
+
+
+def sampling_args(p: argparse.ArgumentParser) -> None:
+    p.add_argument("--temperature", type=float, default=0.0, help="0: greedy (the default); higher: more varied")
+    p.add_argument("--top-p", type=float, default=1.0, help="draw from the likeliest tokens that make up this share")
+    p.add_argument("--top-k", type=int, default=0, help="draw from the k likeliest tokens (0: all)")

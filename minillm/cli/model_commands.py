@@ -6,7 +6,7 @@ import argparse
 import sys
 import time
 
-from minillm.cli.args import model_args, positive_int
+from minillm.cli.args import model_args, positive_int, sampling_args
 
 
 def cmd_generate(args: argparse.Namespace) -> None:
@@ -27,6 +27,7 @@ def cmd_generate(args: argparse.Namespace) -> None:
         max_new_tokens=args.max_new_tokens,
         temperature=args.temperature,
         top_k=args.top_k,
+        top_p=args.top_p,
         seed=args.seed,
         use_cache=not args.no_cache,
     )
@@ -69,9 +70,8 @@ def add_commands(sub) -> None:
     p = sub.add_parser("generate", help="reply to one prompt")
     p.add_argument("--prompt", required=True, help='e.g. "count down from 12", "spell 4096"')
     p.add_argument("--max-new-tokens", type=int, default=None, help="default: until EOS or the context is full")
-    p.add_argument("--temperature", type=float, default=0.0, help="0 = greedy")
-    p.add_argument("--top-k", type=int, default=None)
-    p.add_argument("--seed", type=int, default=None)
+    sampling_args(p)
+    p.add_argument("--seed", type=int, default=None, help="the same seed, the same reply (with --temperature)")
     p.add_argument("--no-cache", action="store_true", help="re-read the whole sequence every step (the reference)")
     p.add_argument("--preamble", default=None,
                    help="a system prompt before the task, which the model ignores: a name (assistant, teacher, "

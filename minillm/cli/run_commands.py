@@ -5,13 +5,14 @@ from __future__ import annotations
 import argparse
 import time
 
-from minillm.cli.args import load_model_from, model_args, non_negative_int, positive_float, positive_int
+from minillm.cli.args import load_model_from, model_args, non_negative_int, positive_float, positive_int, sampling_args
 from minillm.errors import ConfigError
 
 
 def cmd_run(args: argparse.Namespace) -> None:
     import json
 
+    from minillm.config import Sampling
     from minillm.runs.metrics import summarize
     from minillm.runs.run import run_workload
     from minillm.runs.workload import SIMULATED_WORKLOADS, ChatKnobs
@@ -28,6 +29,7 @@ def cmd_run(args: argparse.Namespace) -> None:
     trace = run_workload(
         model, args.workload, args.scheduler, args.kv, args.slots, args.num_blocks, args.block_size, knobs,
         args.seed, progress=not args.json, token_budget=args.token_budget, prefix_caching=args.prefix_caching,
+        sampling=Sampling(args.temperature, args.top_p, args.top_k) if args.temperature > 0 else None,
     )  # fmt: skip
     if args.trace:
         trace.save(args.trace)
@@ -77,8 +79,9 @@ def cmd_bench(args: argparse.Namespace) -> None:
     import os
     from pathlib import Path
 
-    from minillm.bench import BENCHES, BenchSettings, run_benchmarks
+    from minillm.bench.common import BenchSettings
     from minillm.bench.report import markdown, plot_all
+    from minillm.bench.suite import BENCHES, run_benchmarks
     from minillm.model.checkpoint import load_model
 
     unknown = set(args.only or []) - set(BENCHES)
@@ -141,7 +144,8 @@ def add_commands(sub) -> None:
     )
     p.add_argument("--spread", type=float, default=1.0, help="reply-length spread: 0 fixed, 1 exponential")
     p.add_argument("--force-lengths", action="store_true", help="ignore EOS: run replies to their drawn length")
-    p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--seed", type=int, default=0, help="the workload's draws (and each user's sampling seed)")
+    sampling_args(p)
     p.add_argument(
         "--simulate",
         default=None,

@@ -7,6 +7,7 @@ paged_books.py  what a scheduler may ask of the paged pool, without tensors
 kv_cache.py     where keys and values live: a row per seat, or a pool of blocks
 packing.py      a step's rows of different lengths laid end to end for one forward
 runner.py       one forward over the packed rows, and the next token of each
+sampler.py      how each row's next token is picked: greedy, or drawn as its request asks
 engine.py       the loop: arrive, schedule, preempt, admit, run, finish, record
 trace.py        what a run leaves behind: a record per step and per request
 generate.py     the one-user loop every batched path must match token for token
