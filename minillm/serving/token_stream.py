@@ -26,8 +26,11 @@ class Event:
 
     kind: str  # "accepted" | "refused" | "tokens" | "done"
     tokens: list[int] = field(default_factory=list)  # tokens: the new ones, in order
-    detail: str = ""  # refused: why; done: the finish reason ("eos", "length", "aborted", "error: ...")
+    detail: str = (
+        ""  # refused: why; done: the finish reason ("eos", "length", "aborted", "stop", "abort", "error: ...")
+    )
     status: int = 0  # refused: the HTTP status it deserves (400: can never be served, 429: queue full)
+    logprobs: list[tuple] | None = None  # tokens, when asked: (logprob, top ids, top logprobs) for each token
 
 
 class TokenStream:
