@@ -8,8 +8,9 @@ the serve loop (serve_loop.py, unchanged) runs in a child process, and the two t
     engine -> HTTP process      ("events", step, [(id, kind, tokens, detail, status, logprobs), ...])  once a step
                                 ("answer", n, ok, value)   ("died", why)
 
-Each message is a small tuple, pickled. On the HTTP side a reader thread takes the engine's messages and hands
-each step's events to their streams (token_stream.deliver: one wake-up of the event loop per step). A question
+Each message is a small tuple, pickled. On the HTTP side the server's event loop itself reads the pipe when it
+has something (no thread in between: one wake-up per step) and hands each step's events to their streams;
+started outside an event loop (a test, a notebook), a reader thread does the same. A question
 asked of the engine (ask) must be picklable: a module-level function, not a lambda. The child ignores Ctrl-C
 (the terminal sends it to every process of the server): the HTTP side decides when to stop, and the child ends
 when told to, or when its pipe closes because the server is gone.
@@ -17,7 +18,9 @@ when told to, or when its pipe closes because the server is gone.
 
 from __future__ import annotations
 
+import asyncio
 import multiprocessing
+import os
 import queue
 import signal
 import threading
@@ -56,6 +59,7 @@ class EngineProcess(LoopHandle):
         self.error: str | None = None  # why the engine process died, if it did
         self.max_len, self.config = cfg.max_len, {}
         self._lock = threading.Lock()  # handlers on the event loop and on worker threads all send
+        self.event_loop: asyncio.AbstractEventLoop | None = None  # the loop that reads the pipe, if one does
         self._reader = threading.Thread(target=self._read, name="minillm-engine-reader", daemon=True)
 
     def start(self) -> EngineProcess:
@@ -68,10 +72,20 @@ class EngineProcess(LoopHandle):
         if message is None or message[0] == "failed":
             raise ConfigError(f"the engine process could not start: {message[1] if message else 'it died'}")
         _, self.max_len, self.config = message
-        self._reader.start()
+        try:
+            self.event_loop = asyncio.get_running_loop()  # started by the server, on its event loop
+        except RuntimeError:
+            self.event_loop = None
+        if self.event_loop is not None:
+            self.event_loop.add_reader(self.conn.fileno(), self._read_waiting)
+            os.set_blocking(self.conn.fileno(), True)  # (add_reader made it non-blocking: a message must come whole)
+        else:
+            self._reader.start()
         return self
 
     def stop(self, timeout: float = 10.0) -> None:
+        if self.event_loop is not None:
+            self.event_loop.remove_reader(self.conn.fileno())
         if self.process.is_alive():
             try:
                 self._send(("stop",))
@@ -111,23 +125,39 @@ class EngineProcess(LoopHandle):
             return None
 
     def _read(self) -> None:
+        """The reader thread: every message, until the pipe closes."""
         while (message := self._recv()) is not None:
-            kind = message[0]
-            if kind == "events":
-                _, self.steps, events = message
-                outbox = []
-                for rid, event_kind, tokens, detail, status, logprobs in events:
-                    ends = event_kind in ("done", "refused")
-                    stream = self.streams.pop(rid, None) if ends else self.streams.get(rid)
-                    if stream is not None:
-                        outbox.append((stream, Event(event_kind, tokens, detail, status, logprobs)))
-                deliver(outbox)
-            elif kind == "answer":
-                _, number, ok, value = message
-                answer = self.answers.pop(number)
-                answer.set_result(value) if ok else answer.set_exception(value)
-            elif kind == "died":
-                self.error = message[1]
+            self._take(message)
+        self._closed()
+
+    def _read_waiting(self) -> None:
+        """On the event loop, when the pipe has something: every message waiting."""
+        while self.conn.poll():
+            message = self._recv()
+            if message is None:
+                self.event_loop.remove_reader(self.conn.fileno())
+                return self._closed()
+            self._take(message)
+
+    def _take(self, message: tuple) -> None:
+        kind = message[0]
+        if kind == "events":
+            _, self.steps, events = message
+            outbox = []
+            for rid, event_kind, tokens, detail, status, logprobs in events:
+                ends = event_kind in ("done", "refused")
+                stream = self.streams.pop(rid, None) if ends else self.streams.get(rid)
+                if stream is not None:
+                    outbox.append((stream, Event(event_kind, tokens, detail, status, logprobs)))
+            deliver(outbox, here=self.event_loop)
+        elif kind == "answer":
+            _, number, ok, value = message
+            answer = self.answers.pop(number)
+            answer.set_result(value) if ok else answer.set_exception(value)
+        elif kind == "died":
+            self.error = message[1]
+
+    def _closed(self) -> None:
         self.error = self.error or "the engine process exited"
         self._end_everything()
 

@@ -74,9 +74,10 @@ class AsyncTokenStream:
         return events
 
 
-def deliver(outbox: list[tuple[TokenStream | AsyncTokenStream, Event]]) -> None:
+def deliver(outbox: list[tuple[TokenStream | AsyncTokenStream, Event]], here=None) -> None:
     """Hand one step's events to their streams, waking each event loop once, not once per event: every wake-up
-    is a system call, during which the HTTP thread may take Python's interpreter lock (the GIL) from the engine."""
+    is a system call, during which the HTTP thread may take Python's interpreter lock (the GIL) from the engine.
+    here: the event loop this runs on, if any: its streams get their events directly."""
     by_loop: dict[asyncio.AbstractEventLoop, list] = {}
     for stream, event in outbox:
         if isinstance(stream, AsyncTokenStream):
@@ -85,7 +86,7 @@ def deliver(outbox: list[tuple[TokenStream | AsyncTokenStream, Event]]) -> None:
             stream.put(event)
     for loop, items in by_loop.items():
         try:
-            loop.call_soon_threadsafe(put_each, items)
+            put_each(items) if loop is here else loop.call_soon_threadsafe(put_each, items)
         except RuntimeError:  # the event loop has closed (the server is shutting down): nobody is listening
             pass
 
