@@ -26,8 +26,8 @@ def cmd_serve(args: argparse.Namespace) -> None:
     where = f"http://{args.host}:{args.port}/v1"
     print(f"minillm serving on {where} ({args.scheduler} batching, {args.slots} seats, {args.kv} KV, the engine in a "
           f"{args.engine} of its own); Ctrl-C stops", flush=True)  # fmt: skip
-    print(f"  try: curl {where}/completions -H 'Content-Type: application/json' "
-          """-d '{"prompt": "count down from 12"}'""")  # fmt: skip
+    print(f"  try: curl {where}/chat/completions -H 'Content-Type: application/json' "
+          """-d '{"messages": [{"role": "user", "content": "count down from 12"}]}'""")  # fmt: skip
     if args.host != LOOPBACK:
         print(f"  note: bound to {args.host}: other machines on this network can send requests (on purpose?)")
     serve(loop, sock, args.model_name, args.drain_s, args.max_body_bytes)

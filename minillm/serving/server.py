@@ -87,8 +87,9 @@ class Server(uvicorn.Server):
     replies still going at once. One line in the log, no traceback."""
 
     def __init__(self, config: uvicorn.Config, loop: LoopHandle | None = None, drain_s: float = DRAIN_S):
+        """config.app: minillm's app (app_for), or any ASGI app (then `loop` is None: stopping is uvicorn's own)."""
         super().__init__(config)
-        self.loop, self.drain_s = loop, drain_s
+        self.app, self.loop, self.drain_s = config.app, loop, drain_s
         self.event_loop: asyncio.AbstractEventLoop | None = None
         self.draining: asyncio.Task | None = None
 
@@ -110,12 +111,11 @@ class Server(uvicorn.Server):
             self.stop_now.set()
 
     async def drain_and_exit(self) -> None:
-        app = self.config.loaded_app if self.config.loaded else None
-        app = getattr(app, "app", app)  # (uvicorn may wrap the app in a proxy)
-        busy = len(app.state.in_flight)
-        print(f"minillm: stopping; {busy} repl{'y' if busy == 1 else 'ies'} in flight get up to {self.drain_s:g} s "
-              "to finish (Ctrl-C again: end them now)", file=sys.stderr, flush=True)  # fmt: skip
-        await drain(app, self.loop, self.drain_s, self.stop_now)
+        busy = len(self.app.state.in_flight)
+        news = f"{busy} repl{'y' if busy == 1 else 'ies'} in flight get up to {self.drain_s:g} s to finish (Ctrl-C "
+        news = news + "again: end them now)" if busy else "no replies in flight"
+        print(f"minillm: stopping; {news}", file=sys.stderr, flush=True)
+        await drain(self.app, self.loop, self.drain_s, self.stop_now)
         self.should_exit = True
 
 
