@@ -60,10 +60,10 @@ def cmd_eval(args: argparse.Namespace) -> None:
 
 def cmd_export(args: argparse.Namespace) -> None:
     from minillm.model.checkpoint import load_model
-    from minillm.serving.export import export_llama
+    from minillm.serving.export import EXPORTED_FILES, export_llama
 
     out = export_llama(load_model(args.checkpoint, "cpu"), args.out)
-    print(f"wrote {out / 'config.json'} and {out / 'model.safetensors'}")
+    print(f"wrote {', '.join(EXPORTED_FILES)} to {out}: e.g. `transformers serve {out}` serves it")
 
 
 def add_commands(sub) -> None:
@@ -90,7 +90,8 @@ def add_commands(sub) -> None:
     model_args(p)
     p.set_defaults(func=cmd_eval)
 
-    p = sub.add_parser("export", help="write a Llama-layout config.json + model.safetensors")
+    p = sub.add_parser("export", help="write a Llama-layout folder (weights, config, tokenizer, chat template) any "
+                       "server can load")  # fmt: skip
     p.add_argument("--out", required=True)
     p.add_argument("--checkpoint", default=None)
     p.set_defaults(func=cmd_export)

@@ -44,7 +44,8 @@ def cmd_load(args: argparse.Namespace) -> None:
 
     jobs = jobs_from_workload(args.workload, args.requests, args.rate_per_s, args.seed, args.force_lengths,
                               args.hang_up)  # fmt: skip
-    outcomes = asyncio.run(run_jobs(args.url, jobs, args.model, args.api, args.max_concurrency, args.timeout_s))
+    outcomes = asyncio.run(run_jobs(args.url, jobs, args.model, args.api, args.max_concurrency, args.timeout_s,
+                                    tokenizer=args.tokenizer))  # fmt: skip
     summary = summarize_load(outcomes, args.ttft_target_s, args.tpot_target_s)
     summary |= {"url": args.url, "workload": args.workload, "rate_per_s": args.rate_per_s, "seed": args.seed}
     if args.out:
@@ -123,6 +124,11 @@ def add_commands(sub) -> None:
     p.add_argument("--tpot-target-s", type=positive_float, default=0.1, help="goodput: TPOT at most this")
     p.add_argument("--hang-up", type=float, default=0.0, help="share of users who hang up mid-stream (0 to 1)")
     p.add_argument("--timeout-s", type=positive_float, default=600.0, help="give up on a request silent this long")
+    p.add_argument("--tokenizer", default="minillm",
+                   help="how output tokens are counted, the same on every server: the reply's text tokenized by "
+                   "minillm's byte-level tokenizer (default; its export's too), or by a tokenizer.json (or its "
+                   "folder) for another model; 'usage': as each server's usage says (some count the end "
+                   "token)")  # fmt: skip
     p.add_argument("--json", action="store_true", help="print one JSON object (run --json's names)")
     p.add_argument("--out", default=None, help="also write the summary and every request's timings here (JSON)")
     p.set_defaults(func=cmd_load)
