@@ -5,17 +5,13 @@ server needs: a tokenizer and a chat template that give exactly minillm's token 
 
 import asyncio
 import json
-import subprocess
-import sys
-import time
 
-import httpx
 import pytest
 import torch
 from safetensors import safe_open
 
 from minillm.__main__ import main
-from minillm.bench.server import free_port
+from minillm.bench.server import free_port, start_transformers_serve
 from minillm.engine.generate import generate
 from minillm.model.tokenizer import BOS, EOS, decode, encode, encode_prompt
 from minillm.serving.export import CHAT_TEMPLATE, EXPORTED_FILES, export_llama, import_llama
@@ -129,30 +125,13 @@ def test_transformers_loads_the_export_with_identical_logits_and_ids(exported, s
     assert tokenizer(PROMPTS[0][1])["input_ids"] == [BOS, *encode(PROMPTS[0][1])]
 
 
-def start_transformers_serve(folder, port: int) -> subprocess.Popen:
-    """`transformers serve FOLDER` on this machine's CPU, or a skip that says why it cannot start here."""
-    pytest.importorskip("transformers", reason="transformers is not a minillm dependency")
-    command = [sys.executable, "-m", "transformers.cli.transformers", "serve", str(folder), "--port", str(port),
-               "--device", "cpu", "--log-level", "error"]  # fmt: skip
-    server = subprocess.Popen(command, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
-    deadline = time.monotonic() + 180
-    while time.monotonic() < deadline:
-        if server.poll() is not None:
-            why = server.stderr.read().strip().splitlines()
-            pytest.skip(f"transformers serve cannot start here: {why[-1] if why else server.returncode}")
-        try:
-            if httpx.get(f"http://127.0.0.1:{port}/v1/models", timeout=1).status_code == 200:
-                return server
-        except httpx.HTTPError:
-            time.sleep(0.3)
-    server.kill()
-    pytest.skip("transformers serve did not answer within 180 s")
-
-
 @pytest.mark.slow
 def test_transformers_serve_serves_the_export_and_load_drives_it(exported, shipped_model, capsys):
     port = free_port()
-    server = start_transformers_serve(exported, port)
+    try:
+        server = start_transformers_serve(exported, port, continuous_batching=False)  # (faster on a CPU)
+    except RuntimeError as e:
+        pytest.skip(str(e))
     try:
         url = f"http://127.0.0.1:{port}/v1"
         jobs = jobs_from_workload("chat", 6, seed=4)

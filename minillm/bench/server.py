@@ -10,6 +10,11 @@ this process, as in a workshop. Two figures, with their goals:
   TTFT added   one user at a time: the client's time to first token minus the engine's own (arrival to
                first token, from the server's /trace): the HTTP request, the hand-over to the engine
                and the first chunk's way back: at most 3 ms at the median
+
+A second entry, `transformers_server`, serves minillm's export with transformers' own server (`transformers serve
+--continuous-batching`, on this machine's CPU) and sends the same users to it and to minillm's: the same replies,
+counted the same way (loadgen.py), and each server's pace. It needs `transformers[serving]` (not a minillm
+dependency) and records why where it cannot start.
 """
 
 from __future__ import annotations
@@ -19,6 +24,7 @@ import os
 import statistics
 import subprocess
 import sys
+import tempfile
 import time
 
 import httpx
@@ -46,6 +52,29 @@ def start_server(port: int, engine: str = "process") -> subprocess.Popen:
             time.sleep(0.2)
     server.kill()
     raise RuntimeError("the server did not answer /health within 120 s")
+
+
+def start_transformers_serve(folder, port: int, continuous_batching: bool = True) -> subprocess.Popen:
+    """`transformers serve FOLDER` on the CPU, once it answers /v1/models; a RuntimeError that says why it cannot."""
+    try:
+        import transformers  # noqa: F401 (only: is it there?)
+    except ImportError:
+        raise RuntimeError("transformers is not installed (it is no minillm dependency)") from None
+    command = [sys.executable, "-m", "transformers.cli.transformers", "serve", str(folder), "--port", str(port),
+               "--device", "cpu", "--log-level", "error"] + ["--continuous-batching"] * continuous_batching  # fmt: skip
+    server = subprocess.Popen(command, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
+    deadline = time.monotonic() + 180
+    while time.monotonic() < deadline:
+        if server.poll() is not None:
+            why = server.stderr.read().strip().splitlines()
+            raise RuntimeError(f"transformers serve cannot start here: {why[-1] if why else server.returncode}")
+        try:
+            if httpx.get(f"http://127.0.0.1:{port}/v1/models", timeout=1).status_code == 200:
+                return server
+        except httpx.HTTPError:
+            time.sleep(0.3)
+    server.kill()
+    raise RuntimeError("transformers serve did not answer within 180 s")
 
 
 def free_port() -> int:
@@ -114,3 +143,48 @@ def markdown(r: dict) -> list[str]:
             f"ms at the client, {1e3 * r['engine_ttft_p50_s']:.1f} ms inside the engine (arrival to first token): "
             f"HTTP, the hand-over to the engine and streaming add {1e3 * r['ttft_added_p50_s']:.1f} ms (goal at most "
             f"{1e3 * r['ttft_added_goal_s']:.0f} ms). Both goals: {verdict}.", ""]  # fmt: skip
+
+
+def bench_transformers_server(model: Transformer, s) -> dict:
+    """The same chat users sent by `load` to minillm's server and to transformers' serving minillm's export."""
+    from minillm.serving.export import export_llama
+    from minillm.serving.loadgen import jobs_from_workload, run_jobs, summarize_load
+
+    requests = 8 if s.quick else 24
+    jobs = jobs_from_workload("chat", requests, None, seed=2)  # everyone at once, each reply at its own length
+    outcomes = {}
+    with tempfile.TemporaryDirectory() as folder:
+        export_llama(model, folder)
+        port = free_port()
+        try:
+            theirs = start_transformers_serve(folder, port)
+        except RuntimeError as e:
+            return {"requests": requests, "skipped": str(e)}
+        try:
+            outcomes["transformers"] = asyncio.run(run_jobs(f"http://127.0.0.1:{port}/v1", jobs, model=folder))
+        finally:
+            theirs.terminate()
+            theirs.wait(30)
+    port = free_port()
+    ours = start_server(port)
+    try:
+        outcomes["minillm"] = asyncio.run(run_jobs(f"http://127.0.0.1:{port}/v1", jobs))
+    finally:
+        ours.terminate()
+        ours.wait(30)
+    same = sum(a.text == b.text for a, b in zip(outcomes["minillm"], outcomes["transformers"]))
+    return {"requests": requests, "same_text": same} | {name: summarize_load(o) for name, o in outcomes.items()}
+
+
+def markdown_transformers(r: dict) -> list[str]:
+    if "skipped" in r:
+        return [f"`load` against transformers' own server on minillm's export: not measured here ({r['skipped']}).", ""]
+    row = lambda name: (f"| {name} | {r[name]['finished']} | {r[name]['output_tokens']} | "
+                        f"{r[name]['tokens_per_s']:.0f} | {1e3 * r[name]['ttft_p50_s']:.0f} |")  # fmt: skip
+    return [f"The same {r['requests']} `chat` users (sent at once, natural reply lengths) through `load` to "
+            "`python -m minillm serve` and to `transformers serve --continuous-batching` serving minillm's "
+            f"export (`python -m minillm export`) on this machine's CPU: {r['same_text']} of {r['requests']} "
+            "replies the same text; output tokens counted from the text by both (usage would differ: transformers' "
+            "counts the end token).", "",
+            "| server | finished | output tokens | tokens/s | TTFT p50 (ms) |", "|---|---:|---:|---:|---:|",
+            row("minillm"), row("transformers"), ""]  # fmt: skip

@@ -12,7 +12,7 @@ import time
 from minillm.bench import claims
 from minillm.bench.common import BenchSettings, machine_description
 from minillm.bench.scheduling import BENCHES as SCHEDULING_BENCHES
-from minillm.bench.server import bench_server
+from minillm.bench.server import bench_server, bench_transformers_server
 from minillm.model.transformer import Transformer
 
 BENCHES = (
@@ -25,7 +25,7 @@ BENCHES = (
         "two_by_two": claims.bench_two_by_two,
     }
     | SCHEDULING_BENCHES
-    | {"server": bench_server}
+    | {"server": bench_server, "transformers_server": bench_transformers_server}
 )
 
 

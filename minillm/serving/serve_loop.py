@@ -46,7 +46,8 @@ RETRY_AFTER_S = 1  # what a client refused for a full queue is told to wait (a h
 
 class LoopHandle:
     """What any thread may ask of a serve loop, by message: ServeLoop (the engine on a thread of this process) and
-    EngineProcess (the engine in a process of its own) both answer it, so the HTTP app works with either."""
+    EngineProcess (the engine in a process of its own) both answer it, so the HTTP app works with either. Both
+    also have start(), stop(), `alive` and `error` (what stopped the engine, if anything did)."""
 
     max_len: int  # the context: fixed, so handlers may read it
     steps: int  # steps taken so far (as last heard)
