@@ -21,7 +21,7 @@ CHAT = "/v1/chat/completions"
 
 
 def start_server(port: int, drain_s: float) -> subprocess.Popen:
-    command = [sys.executable, "-m", "minillm", "serve", "--port", str(port), "--slots", "2", "--drain-s", str(drain_s)]
+    command = [sys.executable, "-m", "minillm", "serve", "--port", str(port), "--slots", "3", "--drain-s", str(drain_s)]
     server = subprocess.Popen(command, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True,
                               start_new_session=True, env=os.environ | {"PYTHONUNBUFFERED": "1"})  # fmt: skip
     deadline = time.monotonic() + 120
@@ -59,6 +59,7 @@ def finish_of(events: list) -> str:
 
 
 async def drain_scenario(port: int, server: subprocess.Popen, stop) -> dict:
+    """Three replies at once, one seat each: a short stream, a 1000-token stream and a 1000-token whole reply."""
     url = f"http://127.0.0.1:{port}{CHAT}"
     async with httpx.AsyncClient(timeout=60) as client:
         short_started, long_started = asyncio.Event(), asyncio.Event()

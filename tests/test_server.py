@@ -24,6 +24,7 @@ from minillm.engine.scheduler import ContinuousScheduler
 from minillm.model.tokenizer import BOS, decode, encode, encode_prompt
 from minillm.runs import trace_file
 from minillm.runs.metrics import summarize
+from minillm.serving import serve_loop
 from minillm.serving.loadgen import Job, run_jobs
 from minillm.serving.server import ServerThread, build_loop
 from minillm.serving.token_stream import TokenStream
@@ -256,6 +257,24 @@ def test_hanging_up_frees_the_seat_and_the_kv_blocks_by_the_next_step(shipped_mo
     assert after and all(a_id not in [e[1] for e in s.seats] for s in after)  # gone from the next step on
     c_blocks = -(-(len(trace.request(c_id).prompt_ids) + 20) // 16)
     assert all(s.kv_blocks_used <= c_blocks for s in after)  # only C's blocks: A's were given back
+
+
+def test_the_engine_process_answers_questions_and_its_death_ends_every_stream(shipped_model, client):
+    """ask() carries a picklable question (a module-level function) to the engine's process; if that process dies,
+    an open stream ends with an error event and [DONE], /health says so, new requests get 503: nobody waits forever."""
+    loop = build_loop(shipped_model, slots=1, process=True)
+    with ServerThread(loop) as server:
+        assert loop.ask(serve_loop.gauges).result(10)["kv_blocks_total"] == loop.config["num_blocks"]
+        with client.stream("POST", f"{server.url}/completions", json={"prompt": "count down from 5", "stream": True}
+                           | LONG) as running:  # fmt: skip
+            lines = running.iter_lines()
+            next(lines)
+            loop.process.kill()
+            rest = [line for line in lines if line]
+        health = client.get(f"{server.base}/health")
+        after = client.post(f"{server.url}/completions", json={"prompt": "spell 4"})
+    assert rest[-1] == "data: [DONE]" and "engine failed" in json.loads(rest[-2][6:])["error"]["message"]
+    assert health.status_code == 503 and after.status_code == 503 and "error" in after.json()
 
 
 def test_a_client_that_stops_waiting_for_a_whole_reply_is_aborted_too(shipped_model, client):
