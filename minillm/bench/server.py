@@ -130,14 +130,15 @@ def bench_server(model: Transformer, s) -> dict:
 
 def markdown(r: dict) -> list[str]:
     verdict = "**met**" if r["met"] else "**not met**"
+    rounds = ", ".join(f"{x:.2f}" for x in r["ratios"])
     return ["## 12. The engine behind an HTTP server", "",
-            f"`python -m minillm serve` ({SLOTS} seats; its engine in a process of its own) in its own process, the "
-            f"load generator in the bench's: {r['requests']} `chat` users sent at once, in {len(r['ratios'])} rounds "
-            f"(the same users offline, through the server, and through `serve --engine thread`; at least "
-            f"{r['finished']} finished in each). Medians: the client counted {r['server_tokens_per_s']:.0f} output "
-            f"tokens/s; the same engine offline (`run`) {r['offline_tokens_per_s']:.0f}. Ratio {r['ratio']:.2f} "
-            f"(rounds: {', '.join(f'{x:.2f}' for x in r['ratios'])}), goal at least {r['goal']}. With the engine "
-            f"on a thread of the HTTP process instead, under one interpreter lock: "
+            f"`python -m minillm serve` ({SLOTS} seats; its engine in a process of its own, beside the HTTP one), "
+            f"the load generator in the bench's process: {r['requests']} `chat` users sent at once, in "
+            f"{len(r['ratios'])} rounds (the same users offline, through the server, and through `serve --engine "
+            f"thread`; at least {r['finished']} finished in each). Medians: the client counted "
+            f"{r['server_tokens_per_s']:.0f} output tokens/s; the same engine offline (`run`) "
+            f"{r['offline_tokens_per_s']:.0f}. Ratio {r['ratio']:.2f} (rounds: {rounds}), goal at least {r['goal']}. "
+            f"With the engine on a thread of the HTTP process instead, under one interpreter lock: "
             f"{r['thread_server_tokens_per_s']:.0f} tokens/s, ratio {r['thread_ratio']:.2f}.", "",
             f"One user at a time ({r['singles']} of them): time to first token p50 {1e3 * r['client_ttft_p50_s']:.1f} "
             f"ms at the client, {1e3 * r['engine_ttft_p50_s']:.1f} ms inside the engine (arrival to first token): "
