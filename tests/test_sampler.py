@@ -14,6 +14,8 @@ from minillm.engine.request import Request
 from minillm.engine.sampler import sample
 from minillm.engine.scheduler import ContinuousScheduler
 from minillm.errors import InputError
+from minillm.runs.run import run_workload
+from minillm.runs.workload import ChatKnobs
 from tests.conftest import random_model
 from tests.lessons.harness import crowd
 
@@ -113,3 +115,14 @@ def test_bad_sampling_settings_are_refused_with_the_field_named(how, needle):
     if "logprobs" not in how:  # the one-user loop checks the same way
         with pytest.raises(InputError, match=next(iter(how))):
             generate(random_model("gqa"), [257, 1], 3, **how)
+
+
+def test_a_sampled_run_is_reproducible_from_its_seed(shipped_model):
+    """`run --temperature T`: each user draws with its own seed, taken from the run's, so a rerun gives the same."""
+    knobs = ChatKnobs(requests=6, rate=1000)
+    warm = Sampling(temperature=3.0)
+    replies = lambda seed, sampling: [r.output_ids for r in run_workload(shipped_model, "chat", knobs=knobs, seed=seed,
+                                                                         sampling=sampling).requests]  # fmt: skip
+    first = replies(0, warm)
+    assert replies(0, warm) == first != replies(0, None)
+    assert replies(1, warm) != first  # another run's seed, other draws

@@ -13,7 +13,7 @@ trace.py        what a run leaves behind: a record per step and per request
 generate.py     the one-user loop every batched path must match token for token
 """
 
-from minillm.config import EngineConfig
+from minillm.config import EngineConfig, Sampling
 from minillm.engine.blocks import BlockAllocator, BlockPoolExhausted
 from minillm.engine.engine import Engine, EngineError
 from minillm.engine.generate import generate
@@ -32,5 +32,5 @@ from minillm.engine.trace import RequestRecord, StepRecord, Trace
 
 __all__ = ["DEFAULT_TOKEN_BUDGET", "SCHEDULERS", "BlockAllocator", "BlockPoolExhausted", "ContiguousKVCache",
            "ContinuousScheduler", "Engine", "EngineConfig", "EngineError", "KVSpace", "PagedKVCache", "Plan",
-           "Request", "RequestRecord", "Scheduler", "State", "StaticScheduler", "StepRecord", "Trace",
+           "Request", "RequestRecord", "Sampling", "Scheduler", "State", "StaticScheduler", "StepRecord", "Trace",
            "generate"]  # fmt: skip

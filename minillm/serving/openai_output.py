@@ -47,7 +47,7 @@ class ReplyText:
         counted = len(self.tokens)
         for i, token in enumerate(tokens):
             self.tokens.append(token)
-            self.waiting.append((token, logprobs[i] if logprobs else None))
+            self.waiting.append((token, logprobs[i] if logprobs and i < len(logprobs) else None))
             if token >= 256:
                 continue  # special tokens have no text
             self.held.append(token)

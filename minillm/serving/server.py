@@ -29,8 +29,8 @@ from minillm.serving.openai_api import MAX_BODY_BYTES, drain, make_app
 from minillm.serving.serve_loop import LoopHandle, ServeLoop
 
 LOOPBACK = "127.0.0.1"
-# Python runs one thread at a time (the GIL). When the HTTP thread holds it, the engine thread waits until the
-# HTTP thread blocks, or until this interval passes (default 5 ms, as long as one of the tiny model's steps).
+# Python runs one thread at a time (the GIL). With `--engine thread`, when the HTTP thread holds it, the engine
+# thread waits until the HTTP thread blocks, or until this interval passes (default 5 ms, a tiny model's step).
 # Measured on this project's 2-core machine, 200 chat users at once: before the engine thread batched its
 # deliveries (serve_loop.deliver), 0.5 ms served 1.2 to 1.5 times the tokens/s of 5 ms in 3 of 4 paired runs;
 # since, the two are within the noise. Kept: it bounds how long the HTTP side can hold a step up.
