@@ -87,10 +87,7 @@ class EngineProcess(LoopHandle):
         if self.event_loop is not None:
             self.event_loop.remove_reader(self.conn.fileno())
         if self.process.is_alive():
-            try:
-                self._send(("stop",))
-            except OSError:  # the pipe is already gone
-                pass
+            self._send(("stop",))
             self.process.join(timeout)
             if self.process.is_alive():
                 self.process.kill()
@@ -111,11 +108,14 @@ class EngineProcess(LoopHandle):
                 self.asked += 1
                 self.answers[self.asked] = args[-1]
                 message = (kind, *args[:-1], self.asked)
-        if self.error is not None:
-            self._end_everything()
-            return
-        with self._lock:
-            self.conn.send(message)
+        if self.error is None:
+            try:
+                with self._lock:
+                    self.conn.send(message)
+                return
+            except OSError as e:  # the engine process is gone, and the reader has not heard yet
+                self.error = f"the engine process is gone ({e})"
+        self._end_everything()  # whoever waits for this message hears that it will never be answered
 
     # --- the HTTP side: the reader thread --------------------------------------------------------------
     def _recv(self) -> tuple | None:
