@@ -181,8 +181,14 @@ def markdown(results: dict, command: str, plot_dir: str | None = None) -> str:
         from minillm.bench.versus import markdown as versus_markdown
 
         lines += versus_markdown(results["vs_transformers"])
-    if "server" in results:
+    if "server" in results or "transformers_server" in results:
         from minillm.bench.server import markdown as server_markdown
+        from minillm.bench.server import markdown_transformers
 
-        lines += server_markdown(results["server"])
+        lines += (
+            server_markdown(results["server"])
+            if "server" in results
+            else ["## 12. The engine behind an HTTP server", ""]
+        )
+        lines += markdown_transformers(results["transformers_server"]) if "transformers_server" in results else []
     return "\n".join(lines)

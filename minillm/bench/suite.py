@@ -14,7 +14,7 @@ from minillm.bench.calls import bench_calls
 from minillm.bench.common import BenchSettings, machine_description
 from minillm.bench.roofline import bench_roofline
 from minillm.bench.scheduling import BENCHES as SCHEDULING_BENCHES
-from minillm.bench.server import bench_server
+from minillm.bench.server import bench_server, bench_transformers_server
 from minillm.bench.versus import bench_vs_transformers
 from minillm.model.transformer import Transformer
 
@@ -33,6 +33,7 @@ BENCHES = (
         "calls": bench_calls,
         "vs_transformers": bench_vs_transformers,
         "server": bench_server,
+        "transformers_server": bench_transformers_server,
     }
 )
 

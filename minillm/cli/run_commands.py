@@ -6,7 +6,15 @@ import argparse
 import time
 
 from minillm.card.simulate import MAX_NUM_SEQS
-from minillm.cli.args import compile_arg, load_model_from, model_args, non_negative_int, positive_float, positive_int
+from minillm.cli.args import (
+    compile_arg,
+    load_model_from,
+    model_args,
+    non_negative_int,
+    positive_float,
+    positive_int,
+    sampling_args,
+)
 from minillm.errors import ConfigError
 
 
@@ -22,6 +30,7 @@ def seats(text: str) -> int:
 def cmd_run(args: argparse.Namespace) -> None:
     import json
 
+    from minillm.config import Sampling
     from minillm.runs.metrics import summarize
     from minillm.runs.run import run_workload
     from minillm.runs.workload import SIMULATED_WORKLOADS, ChatKnobs
@@ -44,6 +53,7 @@ def cmd_run(args: argparse.Namespace) -> None:
     trace = run_workload(
         model, args.workload, args.scheduler, args.kv, args.slots, args.num_blocks, args.block_size, knobs,
         args.seed, progress=not args.json, token_budget=args.token_budget, prefix_caching=args.prefix_caching,
+        sampling=Sampling(args.temperature, args.top_p, args.top_k) if args.temperature > 0 else None,
     )  # fmt: skip
     if args.trace:
         trace.save(args.trace)
@@ -163,7 +173,8 @@ def add_commands(sub) -> None:
     )
     p.add_argument("--spread", type=float, default=1.0, help="reply-length spread: 0 fixed, 1 exponential")
     p.add_argument("--force-lengths", action="store_true", help="ignore EOS: run replies to their drawn length")
-    p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--seed", type=int, default=0, help="the workload's draws (and each user's sampling seed)")
+    sampling_args(p)
     p.add_argument(
         "--simulate",
         default=None,
