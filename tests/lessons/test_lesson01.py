@@ -2,6 +2,9 @@
 
 Your generate_batch must give every row exactly the reply the plain one-prompt loop gives (token for
 token), with ONE model call per step for all unfinished rows, and no call once every row is done.
+
+WRONG (below) lists the mistakes a room makes, each caught with its hint first; CORRECT, loops written
+differently that must pass.
 """
 
 from __future__ import annotations

@@ -2,6 +2,9 @@
 
 Your append_kv and cached_attention, plugged into the real model through SimpleKVCache, must give
 the same logits and tokens as the model without a cache.
+
+WRONG and KNOWN_MISTAKES (below) list the mistakes a room makes, each caught; CORRECT, attention written
+differently (expand, a -1e9 fill, a mask aligned to the cache's end, torch's sdpa) that must pass.
 """
 
 from __future__ import annotations

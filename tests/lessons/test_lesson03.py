@@ -3,6 +3,9 @@
 Your scheduler runs inside the real engine. A referee looks at every decision it makes:
 while any member of the batch still runs, nobody joins; once all have finished, the next batch
 is the head of the queue, in order, as many as fit.
+
+WRONG (below) lists the mistakes a room makes, each caught (a prompt that fills the free blocks exactly
+included); StaticBySums, a policy written differently that must pass.
 """
 
 from __future__ import annotations

@@ -3,6 +3,9 @@
 Your scheduler runs inside the real engine. A referee looks at every decision it makes: when the
 running requests cannot all grow, the newest are preempted (and only as many as needed); then free
 seats go to the head of the queue, in order, while the prompts fit; no seat idles while the head fits.
+
+WRONG (below) lists the mistakes a room makes, each caught (blocks that suffice exactly, for a prompt and
+for growth, included); ContinuousNewestFirst, a policy written differently that must pass.
 """
 
 from __future__ import annotations

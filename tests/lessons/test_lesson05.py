@@ -3,6 +3,8 @@
 Your block allocator keeps its books straight under any sequence of appends and frees; your slot
 mapping and paged gather agree with the reference; and all three together serve a crowd through
 the real engine, token for token.
+
+WRONG (below) lists the mistakes a room makes, each caught; RIGHT, parts written differently that must pass.
 """
 
 from __future__ import annotations
