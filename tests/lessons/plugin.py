@@ -115,8 +115,9 @@ def context(item, excinfo) -> str:
         if yours is not None and path.parent == yours:
             statement = str(entry.statement).strip().splitlines()[0] if entry.statement else ""
             where = f"your {path.name}, line {entry.lineno + 1}: {statement}"
-    if not where and excinfo.traceback:
-        last = excinfo.traceback[-1]
+    ours = [entry for entry in excinfo.traceback if "_pytest" not in Path(str(entry.path)).parts]  # not pytest.fail
+    if not where and ours:
+        last = ours[-1]
         try:
             shown = Path(str(last.path)).relative_to(root)
         except ValueError:
