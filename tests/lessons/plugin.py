@@ -65,7 +65,8 @@ def pytest_configure(config):
     reporter = config.pluginmanager.get_plugin("terminalreporter")
     if not brief(config) or reporter is None:
         return
-    config.option.verbose = min(config.option.verbose, -1)  # no header (a -v still lists every test)
+    if config.option.verbose == 0:  # no header (a -v still lists every test)
+        config.option.verbose = -1
     config.option.tbstyle = "no"  # pytest's own failure section: the diagnosis is printed below instead
     reporter.reportchars = ""  # no short summary or warnings: the lesson summary says where each lesson stands
     reporter._show_progress_info = False  # no "[100%]"
