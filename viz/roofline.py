@@ -58,7 +58,9 @@ def plot_roofline(spec: ModelSpec, device: Device, context=128, long_context=409
     ax.plot([ridge, INTENSITY_RANGE[1]], [peak / TERA] * 2, color=ROOF, lw=2.5,
             label=f"compute: {peak / TERA:,.0f} dense {compute} TFLOP/s")  # fmt: skip
     ax.axvline(ridge, color="#777777", ls=":", lw=1)
-    ax.text(ridge, 0.03, f" ridge: {ridge:.0f} FLOPs/byte", fontsize=9, color="#555555",
+    # left of the line, at the bottom: under the slope, where nothing else is drawn (to its right the text
+    # would run off a card whose ridge sits near the axis's end)
+    ax.text(ridge, 0.03, f"ridge: {ridge:.0f} FLOPs/byte ", ha="right", fontsize=9, color="#555555",
             transform=ax.get_xaxis_transform())  # fmt: skip
 
     dots = decode_dots(spec, device, context, batches, dtype, kv_dtype)
