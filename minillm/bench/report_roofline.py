@@ -20,10 +20,10 @@ def verdict(met: bool) -> str:
 
 
 def ridge_line(ax, ridge: float | None) -> None:
-    """The batch at which the bound turns compute-bound (the card's ridge point, for this model)."""
+    """The batch at which the bound turns compute-bound (the card's ridge point, for this model), named in the
+    legend: written beside the line, the words ran off a panel whose ridge sits near its right edge."""
     if ridge:
-        ax.axvline(ridge, color="grey", lw=0.8, ls="--")
-        ax.text(ridge, 0.03, f" ridge: batch {ridge:.0f}", color="grey", fontsize=8, transform=ax.get_xaxis_transform())
+        ax.axvline(ridge, color="grey", lw=0.8, ls="--", label=f"ridge: batch {ridge:.0f}")
 
 
 def machine_panel(ax, rows: list[dict], cal: dict, size: str) -> None:

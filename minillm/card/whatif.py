@@ -68,7 +68,8 @@ def plan(spec: ModelSpec, device: Device, dtype="bf16", kv_dtype="bf16", context
         "per_user_tokens_per_s": speed(1 / step),
         "single_user_tokens_per_s": speed(1 / single),
         "bound_step_s": speed(cost.time_s),  # the roofline's step: no real engine is faster
-        "bandwidth_ceiling_tokens_per_s": device.bandwidth / weights,  # one user, if only the weights moved
+        # one user, if only the weights moved: all but the embedding table, which a step looks up
+        "bandwidth_ceiling_tokens_per_s": device.bandwidth / roofline.streamed_weight_bytes(spec, dtype),
         "bound": cost.bound,
         "intensity": cost.intensity,
         "ridge_intensity": roofline.ridge_intensity(device, dtype),
@@ -114,8 +115,8 @@ def summary(p: dict) -> str:
     lines += [
         f"  decode    batch {p['batch']}: {p['decode_step_s'] * 1e3:.1f} ms per step -> "
         f"{p['tokens_per_s']:,.0f} tokens/s in total, {p['per_user_tokens_per_s']:.1f} per user",
-        f"            one user alone: {p['single_user_tokens_per_s']:.1f} tokens/s (ceiling: bandwidth / weight bytes "
-        f"= {p['bandwidth_ceiling_tokens_per_s']:.1f}; the model assumes {p['efficiency']:.0%} of peak)",
+        f"            one user alone: {p['single_user_tokens_per_s']:.1f} tokens/s (ceiling: bandwidth / streamed "
+        f"weight bytes = {p['bandwidth_ceiling_tokens_per_s']:.1f}; the model assumes {p['efficiency']:.0%} of peak)",
         f"            the roofline's bound: {p['bound_step_s'] * 1e3:.1f} ms per step (no engine is faster; "
         "enginecost.py says why one is slower)",
         f"  bound     {p['bound']}: {p['intensity']:.1f} FLOPs per byte against the card's ridge of "

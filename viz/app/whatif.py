@@ -108,7 +108,7 @@ def headline(plan: dict, crowd: dict | None) -> None:
         st.markdown(headline_html("Not one user fits on this card", [("users that fit", "0")],
                                   f"No speed to show: {no_user_reason(plan)}."), unsafe_allow_html=True)  # fmt: skip
         return
-    ceiling = f"ceiling: bandwidth / weight bytes = {plan['bandwidth_ceiling_tokens_per_s']:,.1f}"
+    ceiling = f"ceiling: bandwidth / streamed weight bytes = {plan['bandwidth_ceiling_tokens_per_s']:,.1f}"
     note = (f"{crowd['batch']} users decoding together make {crowd['tokens_per_s']:,.0f} tokens/s in total; "
             f"one user alone gets {plan['single_user_tokens_per_s']:,.1f} ({ceiling}).")  # fmt: skip
     parts = [("users that fit", f"{plan['max_users']:,}"), ("tokens/s each", f"{crowd['per_user_tokens_per_s']:,.1f}")]
