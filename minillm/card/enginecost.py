@@ -25,8 +25,7 @@ from dataclasses import dataclass
 
 from minillm.card.hardware import Device
 from minillm.card.modelspec import ModelSpec
-from minillm.card.roofline import SERVING_ENGINE, Kernels, _per_model, compute_dtype
-from minillm.errors import ConfigError
+from minillm.card.roofline import SERVING_ENGINE, Kernels, _per_model, compute_dtype, tally
 
 # Share of dense peak FLOP/s that real prefill-sized work reaches, by the dtype it multiplies in:
 # - 16-bit: FlashAttention-2 (Dao, 2023, abstract): GPT training end to end at up to 225 TFLOP/s per A100,
@@ -58,14 +57,7 @@ def engine_step(spec: ModelSpec, device: Device, rows, dtype="bf16", kv_dtype="b
     streamed, embedding_row, f_token, f_row, f_key, a_token, a_row, kv, peak, overhead = _per_model(
         spec, device, dtype, kv_dtype, kernels
     )
-    n_rows = tokens = cached = keys = 0
-    for new, before in rows:
-        if new < 1 or before < 0:
-            raise ConfigError(f"a row is (new_tokens >= 1, cached_tokens >= 0), got ({new}, {before})")
-        n_rows, tokens, cached = n_rows + 1, tokens + new, cached + before
-        keys += new * before + new * (new + 1) // 2  # causal: token i of a chunk sees before + i + 1 keys
-    if not n_rows:
-        raise ConfigError("a step needs at least one row")
+    n_rows, tokens, cached, keys = tally(rows)
     bandwidth = device.bandwidth * device.efficiency
     matmul_bytes = streamed + (embedding_row + a_token) * tokens + a_row * n_rows
     matmul_flops = f_token * tokens + f_row * n_rows

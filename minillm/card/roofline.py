@@ -144,6 +144,20 @@ def _per_model(spec: ModelSpec, device: Device, dtype: str, kv_dtype: str, kerne
             kv, peak, overhead)  # fmt: skip
 
 
+def tally(rows) -> tuple[int, int, int, int]:
+    """A step's rows, one (new_tokens, cached_tokens_before) each -> (rows, new tokens, cached tokens, keys read),
+    where keys counts every (query, key) pair attention computes: token i of a chunk sees before + i + 1 keys."""
+    n_rows = tokens = cached = keys = 0
+    for new, before in rows:
+        if new < 1 or before < 0:
+            raise ConfigError(f"a row is (new_tokens >= 1, cached_tokens >= 0), got ({new}, {before})")
+        n_rows, tokens, cached = n_rows + 1, tokens + new, cached + before
+        keys += new * before + new * (new + 1) // 2
+    if not n_rows:
+        raise ConfigError("a step needs at least one row")
+    return n_rows, tokens, cached, keys
+
+
 def step_cost(
     spec: ModelSpec,
     device: Device,
@@ -157,16 +171,7 @@ def step_cost(
     streamed, embedding_row, f_token, f_row, f_key, a_token, a_row, kv, peak, overhead = _per_model(
         spec, device, dtype, kv_dtype, kernels
     )
-    n_rows = tokens = cached = keys = 0
-    for new, before in rows:
-        if new < 1 or before < 0:
-            raise ConfigError(f"a row is (new_tokens >= 1, cached_tokens >= 0), got ({new}, {before})")
-        n_rows += 1
-        tokens += new
-        cached += before
-        keys += new * before + new * (new + 1) // 2  # causal: token i of the chunk sees before + i + 1 keys
-    if not n_rows:
-        raise ConfigError("a step needs at least one row")
+    n_rows, tokens, cached, keys = tally(rows)
     flops = f_token * tokens + f_row * n_rows + f_key * keys
     weights = streamed + embedding_row * tokens
     kv_read = kernels.kv_passes * kv * cached
