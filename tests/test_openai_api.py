@@ -24,18 +24,6 @@ from minillm.serving.server import ServerThread, build_loop
 MAX_BODY = 1_000_000  # a server refuses bigger bodies by default (--max-body-bytes)
 
 
-@pytest.fixture(scope="module")
-def server(shipped_model):
-    with ServerThread(build_loop(shipped_model, slots=4, process=True)) as running:
-        yield running
-
-
-@pytest.fixture
-def client():
-    with httpx.Client(timeout=60) as c:
-        yield c
-
-
 def chat(client, server, prompt: str = "count down from 9", **options) -> httpx.Response:
     body = {"messages": [{"role": "user", "content": prompt}]} | options
     return client.post(f"{server.url}/chat/completions", content=json.dumps(body))  # (escaped: surrogates go too)

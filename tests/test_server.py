@@ -33,18 +33,6 @@ from minillm.training import tasks
 LONG = {"ignore_eos": True, "max_tokens": 900}  # a reply that runs for seconds: long enough to hang up on
 
 
-@pytest.fixture(scope="module")
-def server(shipped_model):
-    with ServerThread(build_loop(shipped_model, slots=4, process=True)) as running:
-        yield running
-
-
-@pytest.fixture
-def client():
-    with httpx.Client(timeout=60) as c:
-        yield c
-
-
 def expected(model, prompt: str, max_tokens: int, preamble: str | None = None, chat: bool = True) -> list[int]:
     """The plain loop's reply: to the chat format, or (completions) to the raw text after <bos>."""
     ids = encode_prompt(prompt, preamble) if chat else [BOS, *encode(prompt)]
