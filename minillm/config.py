@@ -1,4 +1,4 @@
-"""Settings for the model and the serving engine, as validated dataclasses.
+"""Settings for the model, the serving engine and a request's sampling, as validated dataclasses.
 
 Bad values fail here, at construction, with a message that names the field and
 the fix, instead of deep inside torch later.
@@ -6,10 +6,11 @@ the fix, instead of deep inside torch later.
 
 from __future__ import annotations
 
+import math
 import os
 from dataclasses import asdict, dataclass, field
 
-from minillm.errors import ConfigError
+from minillm.errors import ConfigError, InputError
 
 
 @dataclass(frozen=True)
@@ -101,3 +102,37 @@ class EngineConfig:
         if self.kv == "paged" and self.num_blocks is not None:
             return self.num_blocks
         return self.slots * -(-self.max_len // self.block_size)
+
+
+# A request's sampling settings: (a whole number?, lowest, highest, what it must be). The server checks each field
+# a client sends against the same table (serving/openai_protocol.py).
+SAMPLING_LIMITS = {
+    "temperature": (False, 0, math.inf, ">= 0 (0: greedy)"),
+    "top_p": (False, math.ulp(0), 1, "in (0, 1] (1: no cut)"),
+    "top_k": (True, 0, math.inf, ">= 0 (0: no cut)"),
+    "seed": (True, 0, 2**64 - 1, ">= 0"),
+    "logprobs": (True, 0, 5, "from 0 to 5 (the likely tokens listed beside the chosen one)"),
+}
+
+
+def check_sampling(name: str, value) -> None:
+    whole, low, high, what = SAMPLING_LIMITS[name]
+    number = isinstance(value, int if whole else (int, float)) and not isinstance(value, bool)
+    if not number or not math.isfinite(value) or not low <= value <= high:
+        raise InputError(f"{name} must be {'a whole number' if whole else 'a number'} {what}, got {value!r}")
+
+
+@dataclass(frozen=True)
+class Sampling:
+    """How a request's next tokens are picked (engine/sampler.py): greedy unless temperature > 0."""
+
+    temperature: float = 0.0  # logits / temperature: higher is flatter; 0: the most likely token (greedy)
+    top_p: float = 1.0  # draw from the fewest most likely tokens whose probabilities reach top_p
+    top_k: int = 0  # draw from the k most likely tokens (0: no cut)
+    seed: int | None = None  # the same seed, the same reply (None: torch's global generator)
+    logprobs: int | None = None  # record the chosen token's log-probability and this many top alternatives
+
+    def __post_init__(self) -> None:
+        for name, value in asdict(self).items():
+            if value is not None:
+                check_sampling(name, value)

@@ -39,6 +39,23 @@ def random_model(name: str, device: str = "cpu", seed: int = 0) -> Transformer:
     return Transformer(SMALL_CONFIGS[name]).to(device).eval()
 
 
+@pytest.fixture(scope="module")
+def server(shipped_model):
+    """The shipped model behind HTTP (the engine in its own process, 4 seats), for one test module."""
+    from minillm.serving.server import ServerThread, build_loop
+
+    with ServerThread(build_loop(shipped_model, slots=4, process=True)) as running:
+        yield running
+
+
+@pytest.fixture
+def client():
+    import httpx
+
+    with httpx.Client(timeout=60) as c:
+        yield c
+
+
 @pytest.fixture(scope="session")
 def shipped_model() -> Transformer:
     from minillm.model.checkpoint import load_model

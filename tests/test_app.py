@@ -312,7 +312,7 @@ def test_what_if_by_default_shows_continuous_busy_and_static_not():
 def test_a_crowd_too_big_for_a_quick_redraw_stops_both_policies_at_the_same_moment():
     """One seat, 500 users: both policies stop where the work budget runs out, at the same simulated moment (each
     run's last step starts before the other's ends), and the view says how many requests that left out."""
-    from viz.app.whatif import simulated_crowd
+    from viz.app.crowd import simulated_crowd
 
     card = dict(card="rtx-4090", model="llama-3.1-8b", dtype="bf16", kv_dtype="bf16", context=4096)
     crowd = dict(workload="azure-conv", requests=500, rate_per_s=4, token_budget=None, slots=1, prefix_caching=False)
@@ -561,3 +561,29 @@ def test_small_polls_merge_into_the_servers_own_window(crowd_trace):
     assert live.since_step is None and not live.trace().steps  # noticed: the next poll asks for a whole window
     live.add(server_reply(crowd_trace, 4, keep, live.since_step))
     assert live.trace().steps == server_reply(crowd_trace, 4, keep).steps
+
+
+def test_what_if_shows_this_machine_measured(tmp_path, monkeypatch):
+    """Once calibrated, this machine is a card: its figures, then its measured steps beside the prediction."""
+    import json
+
+    from minillm.card import calibrate
+    from tests.test_opcost import CAL
+
+    monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path))
+    cal = CAL | {"version": calibrate.VERSION, "name": "made up", "memory_bytes": 2**30, "bandwidth": 5e9,
+                 "flops": {"fp32": 4e10}, "measured_at": "now", "seconds": 1.0, "device": "cpu"}  # fmt: skip
+    (tmp_path / "minillm").mkdir()
+    (tmp_path / "minillm" / "calibration-cpu.json").write_text(json.dumps(cal))
+    at = open_app(view="what-if", wi_card="this-machine", wi_model="minillm-tiny", wi_context=512)
+    assert not at.exception
+    shown = " ".join(e.value for e in at.info) + " ".join(c.value for c in at.code)
+    assert "made up" in shown and "No measured steps yet" in shown
+    row = {"size": "3m", "batch": 1, "context": 64, "chunk": 0, "measured_s": 3e-3, "predicted_s": 2.5e-3,
+           "bound_s": 2e-3, "calls": 154}  # fmt: skip
+    rows = [row | {"batch": b, "measured_s": 3e-3 * (1 + b / 64)} for b in (1, 4, 16, 64)]
+    saved = {"calibration": cal, "rows": rows, "measured_at": "2026-12-01 12:00 UTC"}
+    (tmp_path / "minillm" / "roofline-cpu.json").write_text(json.dumps(saved))
+    at = open_app(view="what-if", wi_card="this-machine", wi_model="minillm-tiny", wi_context=512)
+    assert not at.exception
+    assert not any("No measured steps yet" in e.value for e in at.info)

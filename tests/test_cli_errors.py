@@ -19,7 +19,7 @@ def run_cli(capsys, *argv):
         (["--prompt", "x" * 2000], ["context is 1024", "shorten the prompt"]),
         (["--prompt", "count down from 3", "--max-new-tokens", "0"], ["max_new_tokens must be at least 1"]),
         (["--prompt", "count down from 3", "--max-new-tokens", "5000"], ["use max_new_tokens <="]),
-        (["--prompt", "count down from 3", "--temperature", "-1"], ["temperature must be >= 0"]),
+        (["--prompt", "count down from 3", "--temperature", "-1"], ["temperature must be a number >= 0"]),
     ],
 )
 def test_bad_generate_input(capsys, argv, needles):

@@ -11,7 +11,7 @@ import pytest
 import torch
 import torch.nn.functional as F
 
-from minillm.card.calibrate import torch_calls
+from minillm.card.measure import torch_calls
 from minillm.config import ModelConfig
 from minillm.engine.kv_cache import ContiguousKVCache, PagedKVCache
 from minillm.model.attention import attend, reference_attention, visible_mask
@@ -166,7 +166,7 @@ def test_compile_on_a_cpu_is_a_clear_error(capsys):
 def test_a_decode_step_calls_sorted_by_kind():
     """One call per RMSNorm, four matmuls per layer (qkv, o, gate_up, down) and the head; every call has a kind."""
     from minillm.bench.calls import calls_by_kind
-    from minillm.card.calibrate import count_torch_calls
+    from minillm.card.measure import count_torch_calls
 
     model = random_model("mqa")
     with torch.no_grad():

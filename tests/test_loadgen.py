@@ -1,10 +1,11 @@
-"""The load generator: the same users as `run`, figures computed as documented, token counts from `usage` when a
-server sends it (from a stand-in server that streams two tokens a chunk, as servers may), and the `load` command
-against minillm's own server on loopback."""
+"""The load generator: the same users as `run`, figures computed as documented, output tokens counted the same way
+whatever the server says in its usage (stand-in servers that stream two tokens a chunk and count the end token, as
+servers may), and the `load` command against minillm's own server on loopback."""
 
 from __future__ import annotations
 
 import asyncio
+import importlib.util
 import json
 
 import pytest
@@ -15,8 +16,10 @@ from minillm.__main__ import main
 from minillm.errors import ConfigError
 from minillm.model.tokenizer import encode_prompt
 from minillm.runs.workload import ChatKnobs, make_workload
+from minillm.serving.export import export_llama
 from minillm.serving.loadgen import Job, Outcome, jobs_from_workload, request_body, run_jobs, summarize_load
 from minillm.serving.server import ServerThread, build_loop
+from tests.conftest import random_model
 
 
 @pytest.mark.parametrize("name", ["chat", "system-prompt", "long-prompts"])
@@ -74,7 +77,8 @@ def test_summary_figures_by_hand():
 
 
 def stand_in_server(with_usage: bool) -> FastAPI:
-    """Another server's way to stream: two tokens per chunk, usage only if asked for (or never)."""
+    """Another server's way to stream: two tokens per chunk; usage only if asked for (or never), counting the end
+    token too (as transformers' server does)."""
     app = FastAPI()
 
     @app.post("/v1/completions")
@@ -83,10 +87,10 @@ def stand_in_server(with_usage: bool) -> FastAPI:
         asks_usage = (body.get("stream_options") or {}).get("include_usage") and with_usage
 
         async def events():
-            for piece in ["ab", "cd", "e"]:
+            for piece in ["ab", "cd", "é"]:  # 6 bytes: minillm's tokenizer makes 6 tokens of them
                 yield f"data: {json.dumps({'id': 'x', 'choices': [{'index': 0, 'text': piece}]})}\n\n"
             if asks_usage:
-                yield f"data: {json.dumps({'id': 'x', 'choices': [], 'usage': {'completion_tokens': 5}})}\n\n"
+                yield f"data: {json.dumps({'id': 'x', 'choices': [], 'usage': {'completion_tokens': 7}})}\n\n"
             yield "data: [DONE]\n\n"
 
         return StreamingResponse(events(), media_type="text/event-stream")
@@ -94,11 +98,23 @@ def stand_in_server(with_usage: bool) -> FastAPI:
     return app
 
 
-@pytest.mark.parametrize("with_usage,tokens", [(True, 5), (False, 3)], ids=["usage", "no-usage"])
-def test_tokens_come_from_usage_when_the_server_sends_it(with_usage, tokens):
+@pytest.mark.parametrize("with_usage", [True, False], ids=["usage", "no-usage"])
+def test_output_tokens_are_the_texts_whatever_the_server_counts(with_usage, tmp_path):
+    export_llama(random_model("gqa"), tmp_path)  # (its tokenizer.json: minillm's, for another server)
+    tokenizers = ["minillm", "usage"] + [str(tmp_path)] * bool(importlib.util.find_spec("tokenizers"))
     with ServerThread(None, app=stand_in_server(with_usage)) as other:
-        outcomes = asyncio.run(run_jobs(other.url, [Job("hi", 5)] * 2, model="their-model", api="completions"))
-    assert [(o.text, o.output_tokens, len(o.chunk_s)) for o in outcomes] == [("abcde", tokens, 3)] * 2
+        counts = {t: asyncio.run(run_jobs(other.url, [Job("hi", 5)] * 2, model="m", api="completions", tokenizer=t))
+                  for t in tokenizers}  # fmt: skip
+    assert [(o.text, len(o.chunk_s)) for o in counts["minillm"]] == [("abcdé", 3)] * 2
+    assert [o.output_tokens for o in counts["minillm"]] == [6, 6]  # the text's tokens: the same on any server
+    assert [o.output_tokens for o in counts["usage"]] == [7 if with_usage else 3] * 2  # its usage, or chunks
+    if str(tmp_path) in counts:
+        assert [o.output_tokens for o in counts[str(tmp_path)]] == [6, 6]
+
+
+def test_a_bad_tokenizer_says_what_to_give(tmp_path):
+    with pytest.raises(ConfigError, match="give a tokenizer.json"):
+        asyncio.run(run_jobs("http://127.0.0.1:9/v1", [Job("hi", 5)], model="m", tokenizer=str(tmp_path)))
 
 
 @pytest.fixture(scope="module")

@@ -17,6 +17,7 @@ PUBLISHED = {
     "mistral-7b": 7_241_732_096,  # mistralai/Mistral-7B-v0.1: general.parameter_count
     "qwen2.5-7b": 7_615_616_512,  # Qwen/Qwen2.5-7B: safetensors.total
     "qwen3-0.6b": 596_049_920,  # Qwen/Qwen3-0.6B: transformers' model.num_parameters()
+    "llama-2-7b": 6_738_415_616,  # meta-llama/Llama-2-7b-hf: llama.cpp's general.parameter_count, transformers' too
 }
 
 
@@ -89,3 +90,33 @@ def test_broken_config_files_say_what_is_wrong(tmp_path, text, needle):
 def test_a_missing_path_is_a_config_error(tmp_path):
     with pytest.raises(ConfigError, match="cannot read"):
         load_spec(tmp_path / "nope.json")
+
+
+# --- config.json mistakes: each a clear error, never a traceback or a silently wrong shape ---------------------
+@pytest.mark.parametrize(
+    "change,needle",
+    [
+        ({"num_attention_heads": 0}, "num_attention_heads = 0"),  # was a ZeroDivisionError
+        ({"hidden_size": "64"}, "hidden_size must be a number, got '64' (str)"),  # was a TypeError
+        ({"num_key_value_heads": 0}, "num_key_value_heads = 0"),  # was taken as full attention
+        ({"hidden_size": 64.7}, "hidden_size must be a whole number, got 64.7"),  # was truncated to 64
+        ({"num_hidden_layers": True}, "num_hidden_layers must be a number"),
+        ({"hidden_size": 66}, "not a multiple of num_attention_heads"),  # head_dim would be 16.5
+    ],
+)
+def test_config_mistakes_say_what_is_wrong(change, needle):
+    with pytest.raises(ConfigError, match=needle.replace("(", r"\(").replace(")", r"\)")):
+        spec_from_config({**LLAMA_LIKE, **change}, "x")
+
+
+def test_whole_numbers_written_as_floats_are_accepted():
+    assert spec_from_config({**LLAMA_LIKE, "hidden_size": 64.0}, "x") == spec_from_config(LLAMA_LIKE, "x")
+
+
+def test_a_model_folder_is_read_through_its_config_json(tmp_path):
+    (tmp_path / "config.json").write_text(json.dumps(LLAMA_LIKE))
+    assert load_spec(tmp_path).num_parameters == load_spec(tmp_path / "config.json").num_parameters
+    empty = tmp_path / "weights-only"
+    empty.mkdir()
+    with pytest.raises(ConfigError, match="folder without a config.json"):
+        load_spec(empty)

@@ -1,7 +1,9 @@
 """The HTTP server on loopback: OpenAI-shaped replies equal to the plain loop's, errors that name the problem,
 backpressure, hang-ups that free their seat and KV blocks at once, a bounded live trace, and a soak.
 
-Each server runs on a thread of this process (minillm.serving.server.ServerThread) on a free port of 127.0.0.1.
+Each server runs on a thread of this process (minillm.serving.server.ServerThread) on a free port of 127.0.0.1; its
+engine in a process of its own (EngineProcess, as `serve` runs it) where the test says process=True, else on a
+thread (ServeLoop). tests/test_openai_api.py holds the API's options (sampling, stop, logprobs, errors, limits).
 """
 
 from __future__ import annotations
@@ -19,9 +21,10 @@ from minillm.engine.engine import Engine
 from minillm.engine.generate import generate
 from minillm.engine.request import Request
 from minillm.engine.scheduler import ContinuousScheduler
-from minillm.model.tokenizer import decode, encode_prompt
+from minillm.model.tokenizer import BOS, decode, encode, encode_prompt
 from minillm.runs import trace_file
 from minillm.runs.metrics import summarize
+from minillm.serving import serve_loop
 from minillm.serving.loadgen import Job, run_jobs
 from minillm.serving.server import ServerThread, build_loop
 from minillm.serving.token_stream import TokenStream
@@ -30,20 +33,10 @@ from minillm.training import tasks
 LONG = {"ignore_eos": True, "max_tokens": 900}  # a reply that runs for seconds: long enough to hang up on
 
 
-@pytest.fixture(scope="module")
-def server(shipped_model):
-    with ServerThread(build_loop(shipped_model, slots=4)) as running:
-        yield running
-
-
-@pytest.fixture
-def client():
-    with httpx.Client(timeout=60) as c:
-        yield c
-
-
-def expected(model, prompt: str, max_tokens: int, preamble: str | None = None) -> list[int]:
-    return generate(model, encode_prompt(prompt, preamble), max_tokens, use_cache=False).tokens
+def expected(model, prompt: str, max_tokens: int, preamble: str | None = None, chat: bool = True) -> list[int]:
+    """The plain loop's reply: to the chat format, or (completions) to the raw text after <bos>."""
+    ids = encode_prompt(prompt, preamble) if chat else [BOS, *encode(prompt)]
+    return generate(model, ids, max_tokens, use_cache=False).tokens
 
 
 def sse_messages(response: httpx.Response) -> list:
@@ -67,21 +60,33 @@ def wait_for(condition, seconds: float = 20.0) -> None:
 
 # --- replies -------------------------------------------------------------------------------------
 @pytest.mark.parametrize("stream", [False, True], ids=["whole", "streamed"])
-def test_completions_equal_the_plain_loop(server, client, shipped_model, stream):
-    body = {"prompt": "count down from 9", "max_tokens": 30, "stream": stream, "return_token_ids": True}
-    response = client.post(f"{server.url}/completions", json=body)
+@pytest.mark.parametrize("endpoint", ["completions", "chat/completions"])
+def test_replies_equal_the_plain_loop(server, client, shipped_model, stream, endpoint):
+    """Completions send the prompt as raw text (after <bos>), chat in the chat format the model was trained on."""
+    chat = endpoint.startswith("chat")
+    ask = {"messages": [{"role": "user", "content": "count down from 9"}]} if chat else {"prompt": "count down from 9"}
+    body = ask | {"max_tokens": 30, "stream": stream, "return_token_ids": True}
+    if stream:
+        body["stream_options"] = {"include_usage": True}
+    response = client.post(f"{server.url}/{endpoint}", json=body)
     assert response.status_code == 200
-    want = expected(shipped_model, "count down from 9", 30)
+    want = expected(shipped_model, "count down from 9", 30, chat=chat)
     if stream:
         messages = sse_messages(response)
         choices = [c for m in messages[:-1] for c in m["choices"]]
-        text, ids = "".join(c["text"] for c in choices), [t for c in choices for t in c["token_ids"]]
+        pieces = [c["delta"].get("content", "") if chat else c["text"] for c in choices]
+        text, ids = "".join(pieces), [t for c in choices for t in c.get("token_ids", [])]
         usage, finish = messages[-2]["usage"], choices[-1]["finish_reason"]
     else:
         choice, usage = response.json()["choices"][0], response.json()["usage"]
-        text, ids, finish = choice["text"], choice["token_ids"], choice["finish_reason"]
+        text, ids, finish = (
+            choice["message"]["content"] if chat else choice["text"],
+            choice["token_ids"],
+            choice["finish_reason"],
+        )
     assert ids == want and text == decode(want)
-    assert usage["completion_tokens"] == len(want) and usage["prompt_tokens"] == len(encode_prompt("count down from 9"))
+    prompt_ids = encode_prompt("count down from 9") if chat else [BOS, *encode("count down from 9")]
+    assert usage["completion_tokens"] == len(want) and usage["prompt_tokens"] == len(prompt_ids)
     assert finish == ("stop" if len(want) < 30 else "length")
 
 
@@ -106,8 +111,17 @@ def test_a_stream_is_shaped_as_openai_sends_it(server, client):
     assert all(m["object"] == "chat.completion.chunk" and m["id"] == chunks[0]["id"] for m in messages[:-1])
     finishes = [m["choices"][0]["finish_reason"] for m in chunks]
     assert finishes[-1] == "stop" and finishes.count("stop") == 1
-    assert usage_only["choices"] == [] and usage_only["usage"] == chunks[-1]["usage"]
+    assert usage_only["choices"] == [] and usage_only["usage"]["completion_tokens"] == len("4 3 2 1")
+    assert not any("usage" in m for m in chunks)  # usage exactly once: on the last chunk, which has no choices
     assert "".join(m["choices"][0]["delta"].get("content", "") for m in chunks) == "4 3 2 1"
+
+
+def test_a_stream_sends_usage_only_when_asked(server, client):
+    body = {"messages": [{"role": "user", "content": "spell 42"}], "stream": True}
+    with client.stream("POST", f"{server.url}/chat/completions", json=body) as response:
+        messages = sse_messages(response)
+    assert messages[-1] == "[DONE]" and not any("usage" in m for m in messages[:-1])
+    assert client.post(f"{server.url}/chat/completions", json=body | {"stream": False}).json()["usage"]["total_tokens"]
 
 
 def test_a_stream_interval_sends_fewer_larger_pieces_and_the_first_token_at_once(shipped_model):
@@ -128,6 +142,7 @@ def test_a_stream_interval_sends_fewer_larger_pieces_and_the_first_token_at_once
 
 def test_models_health_and_metrics(server, client):
     assert client.get(f"{server.url}/models").json()["data"][0]["id"] == "minillm"
+    assert client.get(f"{server.url}/models/minillm").json() == client.get(f"{server.url}/models").json()["data"][0]
     assert client.get(f"{server.base}/health").json()["status"] == "ok"
     client.post(f"{server.url}/completions", json={"prompt": "spell 7"})
     text = client.get(f"{server.base}/metrics").text
@@ -157,8 +172,7 @@ BAD = {
     "not an object": (b'["spell 4"]', "must be a JSON object"),
     "empty prompt": (b'{"prompt": "  "}', "prompt is empty"),
     "max_tokens 0": (b'{"prompt": "spell 4", "max_tokens": 0}', "max_tokens must be a whole number of at least 1"),
-    "past the context": (b'{"prompt": "spell 4", "max_tokens": 5000}', "use max_tokens <= 1015"),
-    "unknown model": (b'{"prompt": "spell 4", "model": "gpt-5"}', "is not served here"),
+    "past the context": (b'{"prompt": "spell 4", "max_tokens": 5000}', "use max_tokens <= 1016"),
     "no prompt": (b'{"max_tokens": 3}', "prompt must be a string"),
     "stream not a bool": (b'{"prompt": "spell 4", "stream": "yes"}', "stream must be true or false"),
 }
@@ -208,7 +222,7 @@ def test_a_full_queue_gets_429_with_retry_after_and_nothing_is_queued(shipped_mo
 
 def test_hanging_up_frees_the_seat_and_the_kv_blocks_by_the_next_step(shipped_model, client):
     """A is running, B waits behind it: B hangs up while queued, A mid-stream; then C is served alone."""
-    with ServerThread(build_loop(shipped_model, slots=1)) as one_seat:
+    with ServerThread(build_loop(shipped_model, slots=1, process=True)) as one_seat:
         body = {"prompt": "count down from 5", "stream": True} | LONG
         with client.stream("POST", f"{one_seat.url}/completions", json=body) as a:
             lines = a.iter_lines()
@@ -220,7 +234,7 @@ def test_hanging_up_frees_the_seat_and_the_kv_blocks_by_the_next_step(shipped_mo
         wait_for(lambda: gauges(client, one_seat.base)["minillm_requests_running"] == 0)
         now = gauges(client, one_seat.base)
         assert now["minillm_kv_blocks_used"] == 0 and now["minillm_requests_waiting"] == 0
-        c = client.post(f"{one_seat.url}/completions", json={"prompt": "spell 12"})
+        c = client.post(f"{one_seat.url}/completions", json={"prompt": "spell 12", "max_tokens": 20})
         assert c.status_code == 200
         trace = trace_file.loads(client.get(f"{one_seat.base}/trace").content)
     a_id, c_id = first["id"].removeprefix("cmpl-"), c.json()["id"].removeprefix("cmpl-")
@@ -231,6 +245,24 @@ def test_hanging_up_frees_the_seat_and_the_kv_blocks_by_the_next_step(shipped_mo
     assert after and all(a_id not in [e[1] for e in s.seats] for s in after)  # gone from the next step on
     c_blocks = -(-(len(trace.request(c_id).prompt_ids) + 20) // 16)
     assert all(s.kv_blocks_used <= c_blocks for s in after)  # only C's blocks: A's were given back
+
+
+def test_the_engine_process_answers_questions_and_its_death_ends_every_stream(shipped_model, client):
+    """ask() carries a picklable question (a module-level function) to the engine's process; if that process dies,
+    an open stream ends with an error event and [DONE], /health says so, new requests get 503: nobody waits forever."""
+    loop = build_loop(shipped_model, slots=1, process=True)
+    with ServerThread(loop) as server:
+        assert loop.ask(serve_loop.gauges).result(10)["kv_blocks_total"] == loop.config["num_blocks"]
+        with client.stream("POST", f"{server.url}/completions", json={"prompt": "count down from 5", "stream": True}
+                           | LONG) as running:  # fmt: skip
+            lines = running.iter_lines()
+            next(lines)
+            loop.process.kill()
+            rest = [line for line in lines if line]
+        health = client.get(f"{server.base}/health")
+        after = client.post(f"{server.url}/completions", json={"prompt": "spell 4"})
+    assert rest[-1] == "data: [DONE]" and "engine failed" in json.loads(rest[-2][6:])["error"]["message"]
+    assert health.status_code == 503 and after.status_code == 503 and "error" in after.json()
 
 
 def test_a_client_that_stops_waiting_for_a_whole_reply_is_aborted_too(shipped_model, client):
@@ -245,7 +277,10 @@ def test_a_client_that_stops_waiting_for_a_whole_reply_is_aborted_too(shipped_mo
 def test_the_live_trace_keeps_a_bounded_window_that_metrics_read(shipped_model, client):
     with ServerThread(build_loop(shipped_model, slots=2, keep_steps=10)) as short:
         for n in (20, 15, 12):
-            client.post(f"{short.url}/completions", json={"prompt": f"count down from {n}"})
+            client.post(
+                f"{short.url}/chat/completions",
+                json={"messages": [{"role": "user", "content": f"count down from {n}"}]},
+            )
         data = client.get(f"{short.base}/trace").json()
         last = trace_file.loads(client.get(f"{short.base}/trace", params={"last_steps": 3}).content)
         first = data["config"]["first_step"]
@@ -326,7 +361,9 @@ def offline_replies(model, prompts: set[tuple[str, str | None]], max_tokens: int
 @pytest.mark.slow
 def test_soak_500_streams_from_64_clients_with_hang_ups(shipped_model):
     jobs = soak_jobs(500)
-    loop = build_loop(shipped_model, slots=8, num_blocks=36, block_size=4, prefix_caching=True)  # ~50 preemptions
+    loop = build_loop(
+        shipped_model, slots=8, num_blocks=36, block_size=4, prefix_caching=True, process=True
+    )  # fmt: skip  (~50 preemptions)
     with ServerThread(loop) as soak, httpx.Client(timeout=60) as client:
         outcomes = asyncio.run(run_jobs(soak.url, jobs, max_concurrency=64, extra_body={"return_token_ids": True}))
         wait_for(lambda: gauges(client, soak.base)["minillm_requests_running"] == 0)

@@ -2,6 +2,7 @@
 
 import inspect
 import io
+import json
 import tokenize
 
 import pytest
@@ -108,3 +109,26 @@ def test_simulation_mistakes_are_one_clear_line(capsys, argv, needle):
     assert main(["run", "--requests", "4", "--json", *argv]) == 2
     err = capsys.readouterr().err.strip()
     assert err.startswith("error:") and needle in err and "\n" not in err
+
+
+def test_fixed_prompt_and_reply_lengths_as_published_tables_state_them(capsys):
+    argv = ["run", "--simulate", "llama-3.1-8b", "--gpu", "h100-sxm", "--workload", "azure-conv", "--requests", "6",
+            "--prompt-len", "300", "--reply-len", "40", "--json"]  # fmt: skip
+    assert main(argv) == 0
+    summary = json.loads(capsys.readouterr().out)
+    assert summary["prefill_tokens"] == 6 * 300 and summary["output_tokens"] == 6 * (40 + 1)  # each reply, then EOS
+    # the seconds are the simulated clock's, and say so; a trace keeps wall_s per step (the same format)
+    assert "wall_s" not in summary and summary["simulated_s"] > 0
+    assert summary["tokens_per_s"] == pytest.approx(summary["output_tokens"] / summary["simulated_s"])
+
+
+def test_fixed_lengths_need_a_simulated_workload(capsys):
+    assert main(["run", "--workload", "chat", "--prompt-len", "10", "--json"]) == 2
+    err = capsys.readouterr().err
+    assert "--prompt-len" in err and "azure-conv" in err and err.count("\n") == 1
+
+
+def test_more_seats_than_the_documented_256_are_refused(capsys):
+    with pytest.raises(SystemExit) as exit_:
+        main(["run", "--simulate", "llama-3.1-8b", "--slots", "1000", "--json"])
+    assert exit_.value.code == 2 and "at most 256 seats, got 1000" in capsys.readouterr().err

@@ -4,14 +4,14 @@ from __future__ import annotations
 
 import pytest
 
-from minillm.bench.speculation import crossing
+from minillm.bench.speculation import agree, crossing
 from minillm.card.hardware import get_device
 from minillm.card.modelspec import load_spec
 from minillm.card.roofline import max_users, step_cost
 from minillm.card.speculation import (
     Pricing,
     alpha_from_tokens,
-    crossover,
+    card_crossover,
     expected_tokens,
     speculation_cost,
     users_that_fit,
@@ -55,11 +55,11 @@ def test_the_verify_step_pays_for_logits_at_every_position():
 
 def test_speculation_stops_paying_later_when_guesses_are_better_and_the_batch_fills_first():
     card = get_device("rtx-4090")
-    worse, better = crossover(BIG, SMALL, card, 4, 0.6, 128), crossover(BIG, SMALL, card, 4, 0.9, 128)
+    worse, better = card_crossover(BIG, SMALL, card, 4, 0.6, 128), card_crossover(BIG, SMALL, card, 4, 0.9, 128)
     assert worse is not None and better is not None and worse < better
     assert speculation_cost(BIG, SMALL, card, worse, 4, 0.6, 128).speedup < 1
     assert speculation_cost(BIG, SMALL, card, worse - 1, 4, 0.6, 128).speedup >= 1
-    assert crossover(BIG, SMALL, card, 8, 0.0, 128) == 1  # guesses never right: it never pays
+    assert card_crossover(BIG, SMALL, card, 8, 0.0, 128) == 1  # guesses never right: it never pays
     assert users_that_fit(BIG, SMALL, card, 1024) < max_users(BIG, card, 1024)  # the draft takes memory too
 
 
@@ -76,3 +76,23 @@ def test_the_measured_crossing_is_interpolated_between_the_batches_around_it():
     assert 32 < crossing(rows, "s") < 64 and crossing(rows, "s") == pytest.approx(32 * 2**0.5)
     assert crossing([{"batch": 1, "s": 1.2}, {"batch": 2, "s": 1.1}], "s") is None
     assert crossing([{"batch": 1, "s": 0.9}], "s") == 1.0
+
+
+def test_measured_and_predicted_crossovers_agree_within_a_factor_of_two():
+    assert agree(40.0, 64, 128) and agree(100.0, 60, 128) and not agree(20.0, 64, 128)
+    assert agree(None, 80, 128) and agree(None, None, 128) and not agree(None, 40, 128)
+    assert not agree(30.0, None, 128)
+
+
+def test_this_machines_prices_follow_the_op_by_op_predictor(shipped_model):
+    """On a CPU a verify row's k + 1 tokens share its row's costs (the KV gathered once, the calls, a bigger matmul
+    per call): a verify step costs far less than k + 1 decode steps, and a draft step less than a decode step."""
+    from minillm.card.calibrate import load_or_calibrate
+    from minillm.card.speculation import ThisMachine
+    from minillm.model.checkpoint import DRAFT_CHECKPOINT, load_model
+
+    here = ThisMachine(shipped_model, load_model(DRAFT_CHECKPOINT, "cpu"), load_or_calibrate("cpu", progress=False))
+    one = here.cost(1, 4, 0.9, 180)
+    assert one.draft_s < one.decode_s < one.verify_s < 5 * one.decode_s and one.speedup > 1
+    assert here.cost(64, 4, 0.0, 180).speedup < 1  # guesses never right: every one is paid for nothing
+    assert here.cost(128, 8, 0.7, 30).speedup < here.cost(8, 8, 0.7, 30).speedup  # short contexts: batching wins

@@ -13,7 +13,7 @@ from minillm.engine.request import Request
 from minillm.engine.scheduler import ContinuousScheduler, StaticScheduler
 from minillm.model.transformer import Transformer
 from minillm.runs import trace_file
-from minillm.runs.metrics import per_request, summarize
+from minillm.runs.metrics import one_user_left, per_request, summarize, utilization_now
 from minillm.runs.workload import SEED_STORY, SEED_STORY_SLOTS, ChatKnobs, chat, seed_story
 from tests.conftest import SMALL_CONFIGS, random_model
 from viz.replies import tokens_produced
@@ -76,6 +76,15 @@ def test_seed_story_metrics(story_traces):
     assert busy == sum(n for *_, n in SEED_STORY[:SEED_STORY_SLOTS])
     ttft = {rid: m["ttft_steps"] for rid, m in per_request(story_traces["static"]).items()}
     assert ttft["A"] == 1 and ttft["E"] == longest + 1
+
+
+def test_one_user_left_is_the_stretch_where_the_longest_reply_holds_the_static_batch(story_traces):
+    """Worked out on paper: C, the batch's second longest, ends at step 41 (its 42 steps), B alone runs to 499."""
+    second, longest = sorted(n for *_, n in SEED_STORY[:SEED_STORY_SLOTS])[-2:]
+    static, continuous = story_traces["static"], story_traces["continuous"]
+    assert one_user_left(static) == (second, longest - 1)
+    assert utilization_now(static, second) == 1 / SEED_STORY_SLOTS and utilization_now(continuous, second) == 1.0
+    assert one_user_left(continuous) is None  # nobody holds a seat there
 
 
 def test_trace_round_trips_through_json(story_traces, tmp_path):

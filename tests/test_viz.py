@@ -424,6 +424,21 @@ def test_card_pictures_follow_the_roofline():
         assert figure.axes
 
 
+def test_the_roofline_picture_puts_decode_steps_under_the_roof():
+    from viz.roofline import decode_dots, plot_roofline, roof
+
+    spec, card = load_spec("llama-3.1-8b"), get_device("rtx-4090")
+    ridge = roofline.ridge_intensity(card)  # 165.2 TFLOP/s / 1008 GB/s = 164 FLOPs per byte
+    assert roof(card, [1, ridge, 10 * ridge]) == pytest.approx([1008e9, 165.2e12, 165.2e12])
+    dots = decode_dots(spec, card, 128, [1, 4, 16, 64, 256, 1024])
+    assert (np.diff(dots["intensity"]) > 0).all() and dots["intensity"][0] == pytest.approx(1, rel=0.05)  # ~ batch
+    assert (dots["flops_per_s"] < roof(card, dots["intensity"])).all()  # the cost model never beats the roof
+    assert list(dots["fits"]) == [True] * 5 + [False]  # 404 users fit at 128 tokens each
+    figure = plot_roofline(spec, card)
+    texts = [t.get_text() for t in figure.axes[0].texts]
+    assert "12 users: KV full" in texts and "1" in texts and "1024" not in texts  # no dot for users that do not fit
+
+
 def test_budget_bar_and_figures_html():
     over = token_budget_html(TokenSplit(decode=3, prefill=4, padding=2), budget=7, scale=9)
     assert "7 of a 7-token budget, and 2 padding rows" in over and "border-left" in over  # the budget marked

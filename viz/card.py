@@ -143,35 +143,24 @@ def plot_speed_by_batch(spec, device, context: int, dtype="bf16", kv_dtype="bf16
     ax.plot(speed["batch"], speed["total"], color="#0072b2", linewidth=2, label="total tokens/s")
     ax.plot(speed["batch"], speed["per_user"], color="#d55e00", linewidth=2, linestyle="--", label="per user")
     _log_axes(ax)
-    at_bottom = ax.get_xaxis_transform()  # x in data, y in axes fractions
+    # The ridge and the KV ceiling are named in the legend, not written on the chart: words beside a line
+    # end up over a curve at some model, card or context.
     ridge = roofline.ridge_batch(spec, device, context, dtype, kv_dtype)
     short = roofline.ridge_batch(spec, device, 0, dtype, kv_dtype)
     if ridge:
-        ax.axvline(ridge, color="black", linestyle=":", linewidth=1.5)
-        ax.text(ridge, 0.03, f" ridge: batch {ridge:.0f}", rotation=90, va="bottom", fontsize=9, transform=at_bottom)
+        ax.axvline(ridge, color="black", linestyle=":", linewidth=1.5, label=f"ridge: batch {ridge:.0f}")
     elif short:
-        ax.axvline(short, color="#777777", linestyle=":", linewidth=1.5)
-        ax.text(short, 0.03, f" ridge at short context: {short:.0f}", rotation=90, va="bottom", fontsize=9,
-                color="#555555", transform=at_bottom,
-                bbox={"facecolor": "white", "alpha": 0.7, "edgecolor": "none", "pad": 1})  # fmt: skip
+        ax.axvline(short, color="#777777", linestyle=":", linewidth=1.5,
+                   label=f"ridge at short context: batch {short:.0f}")  # fmt: skip
     fit = roofline.max_users(spec, device, context, dtype, kv_dtype)
     if fit < speed["batch"][-1]:
-        ax.axvspan(max(fit + 0.5, 0.8), speed["batch"][-1], color="#eeeeee", zorder=0)
-        ax.text(
-            speed["batch"][-1],
-            0.97,
-            f"over {fit} users: KV full ",
-            ha="right",
-            va="top",
-            fontsize=9,
-            color="#555555",
-            transform=at_bottom,
-        )  # right-aligned: stays inside the axes however wide the band
+        ax.axvspan(max(fit + 0.5, 0.8), speed["batch"][-1], color="#eeeeee", zorder=0,
+                   label=f"over {fit} users: KV full")  # fmt: skip
     ax.set_xlabel(f"batch (users decoding together, {context:,} tokens each)")
     ax.set_ylabel("tokens/s")
     bound = "memory-bound at every batch" if not ridge else f"compute-bound from batch {ridge:.0f}"
     ax.set_title(f"Decode speed: {bound}", loc="left", fontsize=11)
-    ax.legend(frameon=False, fontsize=9, loc="lower left")
+    ax.legend(frameon=True, framealpha=0.9, edgecolor="none", fontsize=9, loc="best")
     ax.grid(alpha=0.3)
     return ax.figure
 

@@ -2,7 +2,7 @@
 
 No minillm here: the physics is yours. A Model is what a config.json says, a Card what a datasheet prints.
 Units as the datasheets use them: memory in GiB (a "24 GB" card has 24 x 2**30 bytes), bandwidth in GB/s
-(10**9 bytes per second), tensor TFLOP/s (10**12 FLOP per second).
+(10**9 bytes per second), tensor TFLOP/s (10**12 FLOP per second). Times in seconds.
 """
 
 from __future__ import annotations
@@ -18,7 +18,11 @@ TERA = 1e12
 class Model:
     """A Llama-style decoder, from its config.json. (Given: nothing to write here.)"""
 
-    params: int  # all its weights
+    params: int  # all its weights: what the card's memory holds
+    # The input embedding table (vocab_size x hidden_size), when it is a matrix of its own: a decode step looks up
+    # one row of it per user, it does not stream it or multiply through it. 0 when the table is tied to lm_head
+    # (tie_word_embeddings: true), which multiplies through all of it at every step.
+    embedding_params: int
     layers: int  # num_hidden_layers
     heads: int  # num_attention_heads: query heads
     kv_heads: int  # num_key_value_heads: key/value heads, each shared by heads // kv_heads query heads (GQA)
@@ -49,8 +53,11 @@ def decode_step_time(
     """Seconds for one decode step of `batch` users, each with `context` tokens already cached: the ideal
     roofline, at 100% of the datasheet and with no fixed cost per kernel.
 
-    Bytes: every weight once per step (whatever the batch), plus every user's cached KV.
-    FLOPs: 2 per weight per user (a multiply and an add).
+    The step multiplies every user's new token through every weight but the embedding table (looked up, a row
+    per user: count nothing for it).
+    Bytes: each of those weights once per step, whatever the batch, plus every user's `context` cached tokens
+    of KV (the new token's own key and value: count nothing for them).
+    FLOPs: 2 per weight multiplied through, per user (a multiply and an add).
     time = the larger of bytes / bandwidth and FLOPs / the card's DENSE FLOP/s.
     weight_bits: bits per weight (16: bf16, 8: fp8, 4.125: int4 with a 16-bit scale per 128 weights).
     """
@@ -64,7 +71,9 @@ def max_users(
     weight_bits: float = 16,
     kv_bits: float = 16,
     utilization: float = 0.9,
+    reserve_gib: float = 0.5,
 ) -> int:
-    """How many users with `context` tokens each fit: the KV memory is what is left of utilization x the
-    card's memory once the weights are loaded. A user fits whole or not at all; 0 when nobody fits."""
+    """How many users with `context` tokens each fit. Usable memory is utilization x the card's memory; all the
+    weights sit in it (the embedding table too), and reserve_gib GiB stay free for one step's activations;
+    the KV cache gets the rest. A user fits whole or not at all; 0 when nobody fits."""
     raise NotImplementedError("lesson 07: how many users' KV caches fit next to the weights")

@@ -2,7 +2,7 @@
 
 On this machine a step of the shipped model is mostly a fixed cost per torch call (Python, dispatch,
 bookkeeping: a few microseconds each, whatever the tensor sizes), so the number of calls a step makes
-sets its time at small batch. This entry counts them (card.calibrate.torch_calls, nothing timed while
+sets its time at small batch. This entry counts them (card.measure.torch_calls, nothing timed while
 counting) in one paged decode step at batch 1 and 64, sorts them by kind, and times the same step.
 
 BEFORE is the table this entry printed on the code before issue 22's fusions, and LADDER the calls and
@@ -13,8 +13,7 @@ from __future__ import annotations
 
 import torch
 
-from minillm.card.calibrate import torch_calls
-from minillm.card.measure import decode_step_time
+from minillm.card.measure import decode_step_time, torch_calls
 from minillm.engine.kv_cache import PagedKVCache
 from minillm.model.transformer import Transformer
 
@@ -102,7 +101,7 @@ def markdown(r: dict) -> list[str]:
     header = " | ".join(f"batch {x['batch']}: calls | share" for x in rows)
     lines = ["## Torch calls per decode step", "",
              f"One paged decode step of the shipped model ({r['context']} cached tokens per row): torch calls by kind, "
-             "counted (not timed) with a TorchFunctionMode (`card.calibrate.torch_calls`), before issue 22's "
+             "counted (not timed) with a TorchFunctionMode (`card.measure.torch_calls`), before issue 22's "
              "changes and now. Each call pays a fixed cost of a few microseconds here, the CPU's kernel launch.", "",
              f"| kind | before: batch 1 | {header} |", "|---|---:|" + "---:|---:|" * len(rows)]  # fmt: skip
     for kind in KINDS:

@@ -9,6 +9,7 @@ import matplotlib
 matplotlib.use("Agg")
 import matplotlib.pyplot as plt  # noqa: E402
 
+from minillm.bench import report_roofline as roofline  # noqa: E402
 from minillm.bench import report_scheduling as scheduling  # noqa: E402
 
 verdict = scheduling.verdict
@@ -66,7 +67,12 @@ def plot_all(results: dict, out: Path) -> list[Path]:
         paths.append(_save(fig, out / "two_by_two.png"))
     from minillm.bench.report_speculation import plot as speculation_plot
 
-    return paths + scheduling.plots(results, out, _save) + speculation_plot(results, out, _save)
+    return (
+        paths
+        + scheduling.plots(results, out, _save)
+        + roofline.plots(results, out, _save)
+        + speculation_plot(results, out, _save)
+    )
 
 
 def _save(fig, path: Path) -> Path:
@@ -94,8 +100,9 @@ def markdown(results: dict, command: str, plot_dir: str | None = None) -> str:
         lines += [
             "",
             f"Goal: tokens/s at 64 sequences at least {r['goal']:.0f}x tokens/s at 1. Measured "
-            f"{r['speedup_64_vs_1']:.1f}x: {verdict(r['met'])}. A decode step reads every weight once "
-            "whatever the batch, so extra rows ride almost free until the matrix work itself dominates.",
+            f"{r['speedup_64_vs_1']:.1f}x: {verdict(r['met'])}. Most of a decode step of the tiny model on "
+            "a CPU is a fixed cost per torch call (section 13, lesson 7), paid once whatever the batch, so extra rows "
+            "ride almost free until the per-row work dominates (on a GPU with a big model: reading the weights).",
             "",
         ]
         img("batching")
@@ -173,6 +180,7 @@ def markdown(results: dict, command: str, plot_dir: str | None = None) -> str:
         ]
         img("two_by_two")
     lines += scheduling.markdown(results, img)
+    lines += roofline.markdown(results, img)
     if "calls" in results:
         from minillm.bench.calls import markdown as calls_markdown
 
@@ -181,10 +189,16 @@ def markdown(results: dict, command: str, plot_dir: str | None = None) -> str:
         from minillm.bench.versus import markdown as versus_markdown
 
         lines += versus_markdown(results["vs_transformers"])
-    if "server" in results:
+    if "server" in results or "transformers_server" in results:
         from minillm.bench.server import markdown as server_markdown
+        from minillm.bench.server import markdown_transformers
 
-        lines += server_markdown(results["server"])
+        lines += (
+            server_markdown(results["server"])
+            if "server" in results
+            else ["## 12. The engine behind an HTTP server", ""]
+        )
+        lines += markdown_transformers(results["transformers_server"]) if "transformers_server" in results else []
     if "speculation" in results:
         from minillm.bench.report_speculation import markdown as speculation_markdown
 

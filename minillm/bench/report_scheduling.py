@@ -1,5 +1,4 @@
-"""The report's sections for scheduling.py: chunked prefill, prefix caching, packing, end to end, simulation,
-the cost model."""
+"""The report's sections for scheduling.py: chunked prefill, prefix caching, packing, end to end, simulation."""
 
 from __future__ import annotations
 
@@ -125,29 +124,4 @@ def markdown(results: dict, img) -> list[str]:
                   f"{1e3 * r['tpot_p50_s']:.1f} ms (p99 {1e3 * r['tpot_p99_s']:.1f}). This machine simulated it in "
                   f"{r['seconds']:.1f} s; the trace is {r['trace_mb']:.1f} MB. Goals (for 2000 requests): at most "
                   f"{r['goal_seconds']:.0f} s and {r['goal_trace_mb']:.0f} MB: {verdict(r['met'])}.", ""]  # fmt: skip
-    if "cost_model" in results:
-        lines += cost_model_markdown(results["cost_model"])
     return lines
-
-
-def cost_model_markdown(r: dict) -> list[str]:
-    from minillm.card.calibrate import describe
-
-    lines = ["## 11. The cost model against measurements", "",
-             "`python -m minillm whatif --validate`: the shipped model's paged decode step, predicted by the roofline "
-             "from microbenchmarks only (never by timing the model), then measured.", "",
-             f"Calibration: {describe(r['calibration'])}.", "",
-             "| batch | context | torch calls | predicted (ms) | measured (ms) | error "
-             "| fixed calls / memory / compute (ms) |", "|---:|---:|---:|---:|---:|---:|---|"]  # fmt: skip
-    lines += [f"| {x['batch']} | {x['context']} | {x['ops']} | {1e3 * x['predicted_s']:.2f} | "
-              f"{1e3 * x['measured_s']:.2f} | {x['error']:+.0%} | {1e3 * x['overhead_s']:.2f} / "
-              f"{1e3 * x['memory_s']:.2f} / {1e3 * x['compute_s']:.2f} |" for x in r["rows"]]  # fmt: skip
-    lines += ["", f"Median absolute error {r['median_abs_error']:.0%}; goal at most {r['goal']:.0%}: "
-              f"{verdict(r['met'])}.", "",
-              "Published single-stream figures (llama.cpp, Llama-3-8B F16, 512 tokens from an empty context), against "
-              "the roofline at 256 tokens of context:", "",
-              "| card | predicted tokens/s | reported | bandwidth ceiling |", "|---|---:|---:|---:|"]  # fmt: skip
-    lines += [
-        f"| {x['gpu']} | {x['predicted']:.1f} | {x['reported']:.1f} | {x['ceiling']:.1f} |" for x in r["published"]
-    ]
-    return lines + [""]

@@ -5,7 +5,7 @@ prefix_caching    requests that share a system prompt compute it once
 packing           one forward over decode rows and a prompt chunk beats separate forwards
 batching_e2e      tokens/s at 64 seats over 1 seat, through the whole engine (prefill included)
 simulation        the engine serving Llama-3.1-8B on a simulated H100: how fast this machine simulates it
-cost_model        the roofline against this machine's measured decode steps, and against published GPU figures
+(the cost model against this machine and against published figures: roofline.py)
 """
 
 from __future__ import annotations
@@ -166,37 +166,10 @@ def bench_simulation(model: Transformer, s) -> dict:
             "met": seconds <= 30.0 * requests / 2000 and megabytes <= 50.0 * requests / 2000}  # fmt: skip
 
 
-# XiongjieDai/GPU-Benchmarks-on-LLM-Inference (README, LLaMA 3 table, May 2024), llama.cpp "8B F16" tg 512 (512
-# tokens from an empty context: about 256 tokens of context on average), tokens/s. tests/test_roofline.py checks them.
-PUBLISHED_SINGLE_STREAM = {"rtx-4090": 54.84, "rtx-3090": 47.40}
-
-
-def bench_cost_model(model: Transformer, s) -> dict:
-    """whatif --validate (the shipped model's decode steps: predicted from microbenchmarks, then measured), and
-    Llama-3-8B single-stream tokens/s on two cards: predicted, published, and the bandwidth ceiling."""
-    from minillm.card import roofline
-    from minillm.card.hardware import DEVICES
-    from minillm.card.modelspec import load_spec
-    from minillm.card.whatif import validate
-
-    device = next(model.parameters()).device.type
-    check = validate(device, batches=(1, 16, 64) if s.quick else (1, 4, 16, 64), progress=False)
-    spec, published = load_spec("llama-3.1-8b"), []
-    for gpu, reported in PUBLISHED_SINGLE_STREAM.items():
-        card = DEVICES[gpu]
-        predicted = 1 / roofline.decode_cost(spec, card, batch=1, context=256).time_s
-        ceiling = card.bandwidth / roofline.weight_bytes(spec)
-        published.append({"gpu": gpu, "predicted": predicted, "reported": reported, "ceiling": ceiling})
-    error = check["median_abs_error"]
-    return {"rows": check["rows"], "calibration": check["calibration"], "median_abs_error": error,
-            "goal": check["goal"], "published": published, "met": error <= check["goal"]}  # fmt: skip
-
-
 BENCHES = {
     "chunked_prefill": bench_chunked_prefill,
     "prefix_caching": bench_prefix_caching,
     "packing": bench_packing,
     "batching_e2e": bench_batching_e2e,
     "simulation": bench_simulation,
-    "cost_model": bench_cost_model,
 }

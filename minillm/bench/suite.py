@@ -12,8 +12,9 @@ import time
 from minillm.bench import claims
 from minillm.bench.calls import bench_calls
 from minillm.bench.common import BenchSettings, machine_description
+from minillm.bench.roofline import bench_roofline
 from minillm.bench.scheduling import BENCHES as SCHEDULING_BENCHES
-from minillm.bench.server import bench_server
+from minillm.bench.server import bench_server, bench_transformers_server
 from minillm.bench.speculation import bench_speculation
 from minillm.bench.versus import bench_vs_transformers
 from minillm.model.transformer import Transformer
@@ -28,8 +29,14 @@ BENCHES = (
         "two_by_two": claims.bench_two_by_two,
     }
     | SCHEDULING_BENCHES
-    | {"calls": bench_calls, "vs_transformers": bench_vs_transformers, "server": bench_server}
-    | {"speculation": bench_speculation}
+    | {
+        "roofline": bench_roofline,
+        "calls": bench_calls,
+        "vs_transformers": bench_vs_transformers,
+        "server": bench_server,
+        "transformers_server": bench_transformers_server,
+        "speculation": bench_speculation,
+    }
 )
 
 

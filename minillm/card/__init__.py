@@ -1,10 +1,16 @@
-"""A real model on a real card, by arithmetic: datasheets, config.json shapes, the roofline, a simulated clock.
+"""A real model on a real card, by arithmetic: datasheets, config.json shapes, the roofline, a simulated clock;
+and this machine, measured and predicted the same way.
 
-hardware.py   the cards (memory, bandwidth, dense FLOP/s, each with its source) and this machine
-modelspec.py  a model's shape from its Hugging Face config.json (models/ holds a few)
-roofline.py   what one engine step costs on a card, and how many users' KV fits
-calibrate.py  this machine measured, so it can be priced like a card
-measure.py    timing a real decode step here (to check the prices against)
-simulate.py   the same engine on a virtual clock: a stand-in forward priced by the roofline
-whatif.py     one summary for a model on a card; the cost model checked against this machine
+hardware.py    the cards (memory, bandwidth, dense FLOP/s, each with its source) and this machine
+modelspec.py   a model's shape from its Hugging Face config.json (models/ holds a few)
+roofline.py    the bound on one engine step (bytes and FLOPs, the larger), and how many users' KV fits
+enginecost.py  a serving engine's step on a card: the roofline kernel by kernel (what run --simulate charges)
+sizes.py       model sizes for timing this machine (random weights, the same engine code)
+microbench.py  the microbenchmarks calibration runs (none of them the model)
+calibrate.py   this machine measured, so it can be priced like a card
+opcost.py      minillm's own step on this machine, op by op, from the calibrated rates
+measure.py     timing (and counting the calls of) a real step here
+validate.py    whatif --validate: both predictions against measured steps, every size, batch and context
+simulate.py    the same engine on a virtual clock: a stand-in forward priced by enginecost.py
+whatif.py      one summary for a model on a card
 """

@@ -1,21 +1,21 @@
-"""Measure this machine the way the datasheets describe a card: bandwidth, FLOP/s, and a fixed cost per op.
+"""Measure this machine the way the datasheets describe a card, and the few rates more a real runtime needs.
 
-Microbenchmarks, none of them the model:
-- bandwidth, two ways, on data far bigger than any cache. A copy reads and writes every byte
-  (bytes moved = 2 x size): what the memory can do. A matrix-vector product reads a big matrix
-  once: what decode gets, since decode streams every weight through one. On a GPU the two
-  agree within a few percent; on a CPU the matrix-vector product can reach far less than the
-  copy (on this project's 2-core machine, about a third). The cost model uses the second.
-- FLOP/s: one large square matmul per dtype (2 n^3 FLOPs): fp32, and bf16 / fp16 where the
-  device has a fast path for them (a dtype slower than fp32 is left out: nobody would run it).
-- fixed cost per op: ops on tiny tensors, where the work is nothing and the time is all Python,
-  dispatch and (on a GPU) kernel launch. Two figures: an empty op repeated (the floor), and a
-  mixed sequence of the kinds a transformer step calls (module calls, a matmul, a norm, views,
-  an index, slices and a cat, attention), which is what a model's calls cost on average: on
-  this project's 2-core machine the mix costs about 3x the empty op. The cost model uses the mix.
-Each figure is a median of repeats (machines are shared). The result is a small JSON file in
-the user's cache directory ($XDG_CACHE_HOME/minillm, else ~/.cache/minillm), which
-`--gpu this-machine` reads (hardware.this_machine).
+A datasheet gives two numbers, bandwidth and FLOP/s: the roofline (roofline.py) needs nothing else.
+The op-by-op predictor (opcost.py) that explains a step measured HERE needs what a runtime adds
+to them, each measured by a microbenchmark of its own (microbench.py), none of them the model:
+- bandwidth, through a large copy and through a matrix-vector product over data far bigger than the
+  last-level cache (the roofline's bandwidth: what decode gets);
+- matmul FLOP/s: a large square matmul per dtype (the roofline's peak), and by rows, 1 to 512,
+  through a matrix that stays in the cache (a 1-row matmul reaches a fraction of the peak);
+- streaming: how fast a 1-row matmul reads its matrix, by the working set (in the cache, from memory);
+- attention over the KV cache: the paged cache's own attend() for one layer, at several sizes;
+- elementwise bandwidth (norms, rotary, SiLU, residual adds);
+- the fixed cost per torch call: Python, dispatch and (on a GPU) the kernel launch: a mix of the tiny
+  ops a step makes (on this project's 2-core machine about 3x an empty op: the roofline's launch cost
+  for this machine), and minillm's own decode step on a 16-wide stand-in, per call (the predictor's).
+About 15 s on 2 CPU cores (goal: at most 60). The result is a small JSON file in the user's cache
+directory ($XDG_CACHE_HOME/minillm, else ~/.cache/minillm), which `--gpu this-machine` reads
+(hardware.this_machine); a file from an older version of this list is measured again.
 """
 
 from __future__ import annotations
@@ -23,16 +23,16 @@ from __future__ import annotations
 import json
 import os
 import platform
-import statistics
-import sys
 import time
-from collections import Counter
 from dataclasses import dataclass
 from pathlib import Path
 
 import torch
 
+from minillm.card import microbench as mb
 from minillm.model.checkpoint import resolve_device
+
+VERSION = 4  # what the file holds; an older file lacks (some of) the op-by-op rates and is measured again
 
 
 @dataclass(frozen=True)
@@ -41,6 +41,12 @@ class Sizes:
     matmul_n: int
     tiny_ops: int  # ops per timed loop
     repeats: int
+    op_by_op: bool = True  # also the rows curve, streaming, attention and elementwise rates (opcost.py)
+    attention_points: tuple = mb.ATTENTION_POINTS  # (sequences, cached tokens) timed through attend()
+    chunks: tuple = mb.PREFILL_CHUNKS  # prompt chunk lengths whose attention FLOP/s is timed
+    rows: tuple = mb.ROWS  # rows of the matmul curves
+    attention_heads: tuple = mb.ATTENTION_HEADS  # (query heads, kv heads, head dim) attend() is timed with
+    stream_mib: tuple = mb.STREAM_MIB  # working sets of the streaming curve (MiB)
 
 
 DEFAULT_SIZES = {"cpu": Sizes(copy_mib=256, matmul_n=2048, tiny_ops=2000, repeats=7),
@@ -56,119 +62,6 @@ def calibration_path(device: str) -> Path:
     return cache_dir() / f"calibration-{device}.json"
 
 
-def _median_seconds(fn, repeats: int, device: torch.device) -> float:
-    def sync():
-        if device.type == "cuda":
-            torch.cuda.synchronize()
-
-    fn()  # warm-up: first calls pay for allocation and kernel selection
-    times = []
-    for _ in range(repeats):
-        sync()
-        start = time.perf_counter()
-        fn()
-        sync()
-        times.append(time.perf_counter() - start)
-    return statistics.median(times)
-
-
-def measure_copy_bandwidth(device: torch.device, mib: int, repeats: int) -> float:
-    """Bytes per second a large copy moves (read + write)."""
-    src = torch.ones(mib * 2**20 // 4, device=device)
-    dst = torch.empty_like(src)
-    seconds = _median_seconds(lambda: dst.copy_(src), repeats, device)
-    return 2 * src.numel() * 4 / seconds
-
-
-def measure_matvec_bandwidth(device: torch.device, mib: int, repeats: int) -> float:
-    """Bytes per second a matrix-vector product streams from a matrix of `mib` MiB (fp32)."""
-    cols = 4096
-    matrix = torch.randn(mib * 2**20 // (4 * cols), cols, device=device)
-    vector = torch.randn(cols, device=device)
-    return matrix.numel() * 4 / _median_seconds(lambda: matrix @ vector, repeats, device)
-
-
-def measure_matmul(device: torch.device, n: int, dtype: torch.dtype, repeats: int) -> float:
-    """Dense FLOP/s of an n x n x n matmul."""
-    a = torch.randn(n, n, device=device).to(dtype)
-    b = torch.randn(n, n, device=device).to(dtype)
-    return 2 * n**3 / _median_seconds(lambda: a @ b, repeats, device)
-
-
-def measure_op_cost(device: torch.device, ops: int, repeats: int) -> float:
-    """Seconds per op when the op does (almost) nothing: the floor every op pays."""
-    x, y = torch.ones(16, device=device), torch.ones(16, device=device)
-
-    def loop():
-        for _ in range(ops):
-            torch.add(x, y)
-
-    return _median_seconds(loop, repeats, device) / ops
-
-
-class _TinyNorm(torch.nn.Module):
-    def forward(self, x: torch.Tensor) -> torch.Tensor:
-        return x * torch.rsqrt(x.pow(2).mean(-1, keepdim=True) + 1e-5)
-
-
-def measure_op_mix_cost(device: torch.device, ops: int, repeats: int) -> float:
-    """Seconds per torch call in a mixed sequence of tiny ops of the kinds a transformer step makes:
-    module calls, a matmul, a norm, views, an index, slices and a cat, attention. Different kinds
-    cost different amounts (a view is metadata, a matmul enters a BLAS library, attention is a
-    dispatcher of its own), so an empty op repeated underestimates what a model's calls cost."""
-    norm, proj = _TinyNorm().to(device), torch.nn.Linear(16, 16, bias=False, device=device)
-    x = torch.randn(1, 1, 16, device=device)
-    table, position = torch.randn(64, 4, device=device), torch.tensor([3], device=device)
-    keys = torch.randn(1, 2, 4, 8, device=device)  # (batch, heads, cached tokens, head dim)
-
-    def mix() -> torch.Tensor:
-        h = proj(norm(x))  # (1, 1, 16)
-        q = h.view(1, 1, 2, 8).transpose(1, 2)  # (1, 2, 1, 8)
-        rotated = torch.cat((-q[..., 4:], q[..., :4]), dim=-1) * table[position][..., :1]
-        out = torch.nn.functional.scaled_dot_product_attention(rotated, keys, keys)  # (1, 2, 1, 8)
-        return h + out.transpose(1, 2).reshape(1, 1, 16)
-
-    with torch.no_grad():
-        calls = count_torch_calls(mix)
-        rounds = max(1, ops // calls)
-
-        def loop():
-            for _ in range(rounds):
-                mix()
-
-        return _median_seconds(loop, repeats, device) / (rounds * calls)
-
-
-def count_torch_calls(fn) -> int:
-    """Torch calls from Python while fn() runs (counted, not timed), the unit the fixed cost per op is
-    priced in. Attribute reads (.shape, .device) are free and not counted."""
-    return sum(torch_calls(fn).values())
-
-
-def torch_calls(fn) -> Counter:
-    """count_torch_calls, itemized: {(caller, op): calls}, where caller is the innermost function outside
-    torch that made the call (e.g. 'RMSNorm.forward', 'Attention.forward' for its nn.Linear) and op the
-    torch function's name ('linear', 'mul', '__getitem__')."""
-    from torch.overrides import TorchFunctionMode
-
-    torch_dir = str(Path(torch.__file__).parent)
-    calls: Counter = Counter()
-
-    class Count(TorchFunctionMode):
-        def __torch_function__(self, func, types, args=(), kwargs=None):
-            op = getattr(func, "__name__", "")
-            if op != "__get__":
-                frame = sys._getframe(1)
-                while frame is not None and frame.f_code.co_filename.startswith(torch_dir):
-                    frame = frame.f_back  # (an nn.Linear's forward is torch's: name who called the module)
-                calls[(frame.f_code.co_qualname if frame else "?", op)] += 1
-            return func(*args, **(kwargs or {}))
-
-    with Count():
-        fn()
-    return calls
-
-
 def memory_bytes(device: torch.device) -> int:
     if device.type == "cuda":
         return torch.cuda.get_device_properties(device).total_memory
@@ -178,7 +71,7 @@ def memory_bytes(device: torch.device) -> int:
         return 0
 
 
-def device_name(device: torch.device) -> str:
+def device_name(device: torch.device, threads: int) -> str:
     if device.type == "cuda":
         return torch.cuda.get_device_name(device)
     name = platform.processor() or platform.machine()
@@ -187,47 +80,94 @@ def device_name(device: torch.device) -> str:
         name = next(line.split(":", 1)[1].strip() for line in lines if line.startswith("model name"))
     except (OSError, StopIteration):
         pass
-    return f"{name}, {torch.get_num_threads()} threads"
+    return f"{name}, {threads} thread{'s' * (threads != 1)}"
 
 
-def calibrate(device: str = "auto", sizes: Sizes | None = None, progress: bool = True, save: bool = True) -> dict:
-    """Run the microbenchmarks on cpu or cuda; save and return the figures."""
+def measure_all(dev: torch.device, s: Sizes, progress: bool) -> dict:
+    """Every microbenchmark of the list above, in order (the op cost first: the others take it out of their times)."""
     from tqdm import tqdm
 
-    dev = resolve_device(device)
-    s = sizes or DEFAULT_SIZES[dev.type]
     dtypes = {"fp32": torch.float32, "bf16": torch.bfloat16}
     if dev.type == "cuda":
         dtypes["fp16"] = torch.float16
-    steps = ["copy", "matrix-vector", *(f"matmul {d}" for d in dtypes), "op cost"]
+    steps = ["op cost", "copy", "matrix-vector", *(f"matmul {d}" for d in dtypes)]
+    steps += ["rows", "streaming", "attention", "elementwise"] * s.op_by_op
     bar = tqdm(steps, desc=f"calibrating {dev.type}", disable=not progress)
-    flops = {}
-    for step in bar:
-        bar.set_postfix_str(step)
-        if step == "copy":
-            copy = measure_copy_bandwidth(dev, s.copy_mib, s.repeats)
-        elif step == "matrix-vector":
-            bandwidth = measure_matvec_bandwidth(dev, s.copy_mib, s.repeats)
-        elif step == "op cost":
-            empty_op_s = measure_op_cost(dev, s.tiny_ops, s.repeats)
-            launch_s = measure_op_mix_cost(dev, s.tiny_ops, s.repeats)
-        else:
-            name = step.split()[1]
-            flops[name] = measure_matmul(dev, s.matmul_n, dtypes[name], s.repeats)
-    fast = {name: rate for name, rate in flops.items() if name == "fp32" or rate > flops["fp32"]}
-    result = {
-        "device": dev.type,
-        "name": device_name(dev),
-        "memory_bytes": memory_bytes(dev),
-        "bandwidth": bandwidth,  # what decode gets: the matrix-vector figure
-        "copy_bandwidth": copy,
-        "flops": fast,
-        "launch_s": launch_s,  # what the cost model charges per call: the mix
-        "empty_op_s": empty_op_s,
-        "sizes": {"copy_mib": s.copy_mib, "matmul_n": s.matmul_n, "tiny_ops": s.tiny_ops, "repeats": s.repeats},
-        "torch": torch.__version__,
-        "measured_at": time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime()),
-    }
+    main = torch.float32  # the dtype minillm's forward runs in
+    out: dict = {"flops": {}}
+    with torch.no_grad():
+        for step in bar:
+            bar.set_postfix_str(step)
+            if step == "op cost":
+                out["empty_op_s"] = mb.measure_op_cost(dev, s.tiny_ops, s.repeats)
+                out["launch_s"] = call = mb.measure_op_mix_cost(dev, s.tiny_ops, s.repeats)
+                out["call_s"] = mb.measure_call_cost(dev, s.repeats)
+            elif step == "copy":
+                out["copy_bandwidth"] = mb.measure_copy_bandwidth(dev, s.copy_mib, s.repeats)
+            elif step == "matrix-vector":
+                out["bandwidth"] = mb.measure_matvec_bandwidth(dev, s.copy_mib, s.repeats)
+            elif step.startswith("matmul"):
+                name = step.split()[1]
+                out["flops"][name] = mb.measure_matmul(dev, s.matmul_n, dtypes[name], s.repeats)
+            elif step == "rows":
+                out["rows_flops"] = {  # (JSON keys are text)
+                    f"{i}x{o}": {str(r): f for r, f in mb.measure_rows_curve(dev, main, call, s.repeats, (i, o),
+                                                                             s.rows).items()}
+                    for i, o in mb.MATRICES
+                }  # fmt: skip
+            elif step == "streaming":
+                curve = mb.measure_stream_curve(dev, main, call, s.repeats, s.stream_mib)
+                out["stream_bandwidth"] = {str(size): rate for size, rate in curve.items()}
+                out["stream_by_shape"] = {  # from memory: each matrix size at the largest working set
+                    f"{i}x{o}": max(mb.measure_stream_curve(dev, main, call, s.repeats, s.stream_mib[-1:],
+                                                            (i, o)).values())
+                    for i, o in mb.MATRICES
+                }  # fmt: skip
+            elif step == "attention":  # per head shape: a row's overhead and a byte's cost both depend on it
+                out["attention"] = {
+                    "x".join(map(str, heads)): mb.measure_attention(dev, call, s.repeats, heads,
+                                                                    s.attention_points, s.chunks)
+                    for heads in s.attention_heads
+                }  # fmt: skip
+            else:
+                rates = mb.measure_elementwise(dev, call, s.repeats)
+                out["elementwise_bandwidth"] = {str(size): rate for size, rate in rates.items()}
+    flops = out["flops"]  # a dtype slower than fp32 is left out: nobody would run it
+    out["flops"] = {name: rate for name, rate in flops.items() if name == "fp32" or rate > flops["fp32"]}
+    return out
+
+
+def calibrate(device: str = "auto", sizes: Sizes | None = None, progress: bool = True, save: bool = True) -> dict:
+    """Run the microbenchmarks on cpu or cuda (a CPU on one thread: the core the cost model describes, and
+    steadier when the machine is shared); save and return the figures."""
+    started, threads = time.perf_counter(), torch.get_num_threads()
+    dev = resolve_device(device)
+    if dev.type == "cpu":
+        torch.set_num_threads(1)
+    try:
+        used = torch.get_num_threads()
+        measured = measure_all(dev, sizes or DEFAULT_SIZES[dev.type], progress)
+    finally:
+        torch.set_num_threads(threads)
+    s = sizes or DEFAULT_SIZES[dev.type]
+    result = (
+        {
+            "version": VERSION,
+            "device": dev.type,
+            "name": device_name(dev, used),
+            "threads": used,
+            "memory_bytes": memory_bytes(dev),
+            "cache_bytes": mb.last_level_cache_bytes(dev),  # the last-level cache: weights beyond it stream
+            "compute_dtype": "fp32",  # the dtype of the op-by-op rates
+        }
+        | measured  # bandwidth (the matrix-vector figure: what decode gets), flops, launch_s (the mix), ...
+        | {
+            "sizes": {"copy_mib": s.copy_mib, "matmul_n": s.matmul_n, "tiny_ops": s.tiny_ops, "repeats": s.repeats},
+            "seconds": time.perf_counter() - started,
+            "torch": torch.__version__,
+            "measured_at": time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime()),
+        }
+    )
     if save:
         path = calibration_path(dev.type)
         path.parent.mkdir(parents=True, exist_ok=True)
@@ -236,12 +176,14 @@ def calibrate(device: str = "auto", sizes: Sizes | None = None, progress: bool =
 
 
 def load_calibration(device: str) -> dict | None:
-    """The saved figures for 'cpu' or 'cuda', or None when this machine was never calibrated."""
+    """The saved figures for 'cpu' or 'cuda', or None when this machine was never calibrated (or by an older
+    version that lacks the op-by-op rates)."""
     path = calibration_path(device)
     try:
-        return json.loads(path.read_text())
+        cal = json.loads(path.read_text())
     except (OSError, ValueError):
         return None
+    return cal if isinstance(cal, dict) and cal.get("version") == VERSION else None
 
 
 def load_or_calibrate(device: str = "auto", progress: bool = True) -> dict:
@@ -251,10 +193,20 @@ def load_or_calibrate(device: str = "auto", progress: bool = True) -> dict:
 
 def describe(cal: dict) -> str:
     flops = ", ".join(f"{name} {rate / 1e9:,.0f} GFLOP/s" for name, rate in cal["flops"].items())
-    return (
+    text = (
         f"{cal['device']} ({cal['name']}): bandwidth {cal['bandwidth'] / 1e9:.1f} GB/s through a matrix-vector "
         f"product ({cal.get('copy_bandwidth', 0) / 1e9:.1f} GB/s in a copy); matmul {flops}; "
         f"fixed cost per op {cal['launch_s'] * 1e6:.2f} us in a mix of tiny ops"
         + (f" ({cal['empty_op_s'] * 1e6:.2f} us for an empty one)" if "empty_op_s" in cal else "")
-        + f"  [{cal['measured_at']}]"
     )
+    if "rows_flops" in cal:
+        rows = cal["rows_flops"][f"{mb.MATRIX[0]}x{mb.MATRIX[1]}"]
+        stream = {int(size): rate for size, rate in cal["stream_bandwidth"].items()}
+        text += (
+            f"; {cal['call_s'] * 1e6:.2f} us per call of minillm's own step; through a {mb.MATRIX[0]}x{mb.MATRIX[1]} "
+            f"matrix a matmul of 1 row reaches {rows['1'] / 1e9:.0f} GFLOP/s, of 512 rows {rows['512'] / 1e9:.0f}; "
+            f"1-row streaming {stream[min(stream)] / 1e9:.0f} GB/s over {min(stream) / 2**20:.0f} MiB, "
+            f"{stream[max(stream)] / 1e9:.1f} GB/s over {max(stream) / 2**20:.0f} MiB; last-level cache "
+            f"{cal['cache_bytes'] / 2**20:.0f} MiB; measured in {cal['seconds']:.0f} s"
+        )
+    return text + f"  [{cal['measured_at']}]"

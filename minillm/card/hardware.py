@@ -41,6 +41,7 @@ class Device:
     # Fixed cost of one kernel: the gap between kernels when an engine replays a CUDA graph is a
     # microsecond or two; eager launches from Python cost several. Assumption: 2 us.
     launch_s: float = 2e-6
+    achieved: bool = False  # True: bandwidth and FLOP/s were measured here (calibrate.py), no share of them to take
 
     def peak_flops(self, compute_dtype: str) -> float:
         """Dense FLOP/s for a compute dtype; a dtype the card lacks a fast path for falls back to fp32."""
@@ -101,6 +102,7 @@ def from_calibration(cal: dict) -> Device:
         flops={dtype: float(v) for dtype, v in cal["flops"].items()},
         efficiency=1.0,
         launch_s=float(cal["launch_s"]),
+        achieved=True,
     )
 
 

@@ -85,41 +85,62 @@ class ModelSpec:
         return self.layers * per_layer + self.embedding_params + self.lm_head_params + self.hidden
 
 
+def whole_number(config: dict, key: str, name: str, default=None) -> int | None:
+    """A config field that must be a whole number: JSON's 4096 or 4096.0, never "4096" (text), 4096.7 or true."""
+    value = config.get(key, default)
+    if value is None:
+        return None
+    if isinstance(value, bool) or not isinstance(value, int | float):
+        shown = f"{value!r} ({type(value).__name__})"
+        raise ConfigError(f"config for {name!r}: {key} must be a number, got {shown}; write it without quotes")
+    if isinstance(value, float) and not value.is_integer():
+        raise ConfigError(f"config for {name!r}: {key} must be a whole number, got {value}")
+    return int(value)
+
+
 def spec_from_config(config: dict, name: str) -> ModelSpec:
     """A ModelSpec from a Hugging Face config.json's fields (Llama, Mistral, Qwen2, Qwen3)."""
     missing = [k for k in REQUIRED if k not in config]
     if missing:
         raise ConfigError(f"config for {name!r} lacks {missing}; a Llama-style config.json has {list(REQUIRED)}")
-    heads = config["num_attention_heads"]
-    kv_heads = config.get("num_key_value_heads") or heads  # absent: plain multi-head attention
-    head_dim = config.get("head_dim") or config["hidden_size"] // heads
+    sizes = {key: whole_number(config, key, name) for key in REQUIRED}
+    small = [f"{key} = {value}" for key, value in sizes.items() if value is None or value < 1]
+    # absent (or null): plain multi-head attention, one key/value head per query head; 0 is a mistake, not that
+    kv_heads = whole_number(config, "num_key_value_heads", name, sizes["num_attention_heads"])
+    head_dim = whole_number(config, "head_dim", name)
+    small += [f"{key} = {value}" for key, value in (("num_key_value_heads", kv_heads), ("head_dim", head_dim))
+              if value is not None and value < 1]  # fmt: skip
+    if small:
+        raise ConfigError(f"config for {name!r} has sizes below 1: {', '.join(small)}")
+    heads, hidden = sizes["num_attention_heads"], sizes["hidden_size"]
+    if head_dim is None:
+        if hidden % heads:
+            raise ConfigError(f"config for {name!r}: hidden_size {hidden} is not a multiple of num_attention_heads "
+                              f"{heads}, and no head_dim is given")  # fmt: skip
+        head_dim = hidden // heads
+    if heads % kv_heads:
+        raise ConfigError(f"{name}: num_key_value_heads ({kv_heads}) must divide num_attention_heads ({heads})")
+    max_context = whole_number(config, "max_position_embeddings", name)
+    window = whole_number(config, "sliding_window", name) if config.get("use_sliding_window", True) else None
     kind = config.get("model_type", "llama")
     attention_bias = bool(config.get("attention_bias", False))
-    try:
-        spec = ModelSpec(
-            name=name,
-            hidden=int(config["hidden_size"]),
-            intermediate=int(config["intermediate_size"]),
-            layers=int(config["num_hidden_layers"]),
-            heads=int(heads),
-            kv_heads=int(kv_heads),
-            head_dim=int(head_dim),
-            vocab=int(config["vocab_size"]),
-            tied_embeddings=bool(config.get("tie_word_embeddings", False)),
-            qkv_bias=kind == "qwen2" or attention_bias,  # Qwen2 always has q/k/v biases (no config field)
-            o_bias=attention_bias and kind != "qwen2",
-            mlp_bias=bool(config.get("mlp_bias", False)),
-            qk_norm=kind == "qwen3",
-            max_context=config.get("max_position_embeddings"),
-            sliding_window=config.get("sliding_window") if config.get("use_sliding_window", True) else None,
-        )
-    except (TypeError, ValueError) as e:
-        raise ConfigError(f"config for {name!r} has a field that is not a number ({e})") from None
-    if min(spec.hidden, spec.intermediate, spec.layers, spec.heads, spec.kv_heads, spec.head_dim, spec.vocab) < 1:
-        raise ConfigError(f"config for {name!r} has a size below 1: {spec}")
-    if spec.heads % spec.kv_heads:
-        raise ConfigError(f"{name}: num_key_value_heads ({spec.kv_heads}) must divide num_attention_heads")
-    return spec
+    return ModelSpec(
+        name=name,
+        hidden=hidden,
+        intermediate=sizes["intermediate_size"],
+        layers=sizes["num_hidden_layers"],
+        heads=heads,
+        kv_heads=kv_heads,
+        head_dim=head_dim,
+        vocab=sizes["vocab_size"],
+        tied_embeddings=bool(config.get("tie_word_embeddings", False)),
+        qkv_bias=kind == "qwen2" or attention_bias,  # Qwen2 always has q/k/v biases (no config field)
+        o_bias=attention_bias and kind != "qwen2",
+        mlp_bias=bool(config.get("mlp_bias", False)),
+        qk_norm=kind == "qwen3",
+        max_context=max_context if max_context and max_context > 0 else None,
+        sliding_window=window if window and window > 0 else None,
+    )
 
 
 def shipped_models() -> list[str]:
@@ -127,9 +148,14 @@ def shipped_models() -> list[str]:
 
 
 def load_spec(name_or_path: str | Path) -> ModelSpec:
-    """A shipped model by name (minillm/card/models/NAME.json) or any config.json by path."""
+    """A shipped model by name (minillm/card/models/NAME.json) or any config.json by path (or the folder holding it,
+    as a downloaded checkpoint comes)."""
     path = Path(name_or_path)
-    if path.suffix != ".json" and not path.is_file():
+    if path.is_dir():
+        if not (path / "config.json").is_file():
+            raise ConfigError(f"{path} is a folder without a config.json; give the path to the model's config.json")
+        path = path / "config.json"
+    elif path.suffix != ".json" and not path.is_file():
         path = MODELS_DIR / f"{name_or_path}.json"
         if not path.is_file():
             raise ConfigError(
@@ -144,4 +170,5 @@ def load_spec(name_or_path: str | Path) -> ModelSpec:
         raise ConfigError(f"{path} is not valid JSON ({e})") from None
     if not isinstance(config, dict):
         raise ConfigError(f"{path} is not a config.json object")
-    return spec_from_config(config, path.stem if path.parent == MODELS_DIR else str(path))
+    name = path.stem if path.parent == MODELS_DIR else str(path.parent if path.name == "config.json" else path)
+    return spec_from_config(config, name)

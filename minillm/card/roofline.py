@@ -110,6 +110,14 @@ def weight_bytes(spec: ModelSpec, dtype: str = "bf16") -> float:
     return matrices * WEIGHT_BYTES[dtype] + rest * other
 
 
+def streamed_weight_bytes(spec: ModelSpec, dtype: str = "bf16") -> float:
+    """Bytes of weights a decode step streams: all of them but the embedding table, which is looked up (one row
+    per token, counted with the tokens) unless it is tied to lm_head, which multiplies through all of it.
+    Memory holds weight_bytes; bandwidth / this is one user's speed ceiling."""
+    act = 4 if dtype == "fp32" else 2
+    return weight_bytes(spec, dtype) - (0 if spec.tied_embeddings else spec.embedding_params * act)
+
+
 def kv_bytes_per_token(spec: ModelSpec, kv_dtype: str = "bf16") -> int:
     """One token's KV: a key and a value (the 2), per layer, per kv head (GQA: not per query head)."""
     check_dtypes("bf16", kv_dtype)
@@ -122,9 +130,7 @@ def _per_model(spec: ModelSpec, device: Device, dtype: str, kv_dtype: str, kerne
     check_dtypes(dtype, kv_dtype)
     act = 4 if dtype == "fp32" else 2
     embedding_row = spec.hidden * act
-    # The embedding table is looked up, not streamed: a step reads one row of it per token
-    # (unless it is tied to lm_head, which multiplies through all of it).
-    streamed = weight_bytes(spec, dtype) - (0 if spec.tied_embeddings else spec.embedding_params * act)
+    streamed = streamed_weight_bytes(spec, dtype)  # the embedding table is looked up: one row per token
     per_token_flops = 2 * spec.layers * spec.layer_matmul_params
     per_row_flops = 2 * spec.vocab * spec.hidden  # lm_head at each row's last token only
     per_key_flops = 4 * spec.layers * spec.heads * spec.head_dim  # q.k and p.v, per query head
@@ -136,6 +142,20 @@ def _per_model(spec: ModelSpec, device: Device, dtype: str, kv_dtype: str, kerne
     overhead = (kernels.per_layer * spec.layers + kernels.per_step) * device.launch_s
     return (streamed, embedding_row, per_token_flops, per_row_flops, per_key_flops, per_token_act, per_row_act,
             kv, peak, overhead)  # fmt: skip
+
+
+def tally(rows) -> tuple[int, int, int, int]:
+    """A step's rows, one (new_tokens, cached_tokens_before) each -> (rows, new tokens, cached tokens, keys read),
+    where keys counts every (query, key) pair attention computes: token i of a chunk sees before + i + 1 keys."""
+    n_rows = tokens = cached = keys = 0
+    for new, before in rows:
+        if new < 1 or before < 0:
+            raise ConfigError(f"a row is (new_tokens >= 1, cached_tokens >= 0), got ({new}, {before})")
+        n_rows, tokens, cached = n_rows + 1, tokens + new, cached + before
+        keys += new * before + new * (new + 1) // 2
+    if not n_rows:
+        raise ConfigError("a step needs at least one row")
+    return n_rows, tokens, cached, keys
 
 
 def step_cost(
@@ -151,16 +171,7 @@ def step_cost(
     streamed, embedding_row, f_token, f_row, f_key, a_token, a_row, kv, peak, overhead = _per_model(
         spec, device, dtype, kv_dtype, kernels
     )
-    n_rows = tokens = cached = keys = 0
-    for new, before in rows:
-        if new < 1 or before < 0:
-            raise ConfigError(f"a row is (new_tokens >= 1, cached_tokens >= 0), got ({new}, {before})")
-        n_rows += 1
-        tokens += new
-        cached += before
-        keys += new * before + new * (new + 1) // 2  # causal: token i of the chunk sees before + i + 1 keys
-    if not n_rows:
-        raise ConfigError("a step needs at least one row")
+    n_rows, tokens, cached, keys = tally(rows)
     flops = f_token * tokens + f_row * n_rows + f_key * keys
     weights = streamed + embedding_row * tokens
     kv_read = kernels.kv_passes * kv * cached

@@ -2,18 +2,20 @@
 
 The engine, the schedulers and the block allocator are the ones that serve the tiny model; only
 the runner differs. SimulatedRunner stands in for the model forward: each request replies with
-its planned number of tokens and then EOS, and each step advances a virtual clock by what the
-roofline (roofline.py) says that step's rows cost on the card. The KV pool gets as many blocks
-as the card's free memory holds for the model, and keeps only the allocator's books (an 8B
+its planned number of tokens and then EOS, and each step advances a virtual clock by what a
+serving engine's step over those rows costs on the card (enginecost.py: the roofline, kernel by
+kernel). The KV pool gets as many blocks as the card's free memory holds for the model, and
+keeps only the allocator's books (an 8B
 model's pool would be gigabytes of tensors). The trace that comes out is an ordinary trace whose
 times are simulated seconds, so metrics, the app and the lessons read it unchanged.
 """
 
 from __future__ import annotations
 
+from minillm.card.enginecost import engine_step
 from minillm.card.hardware import Device
 from minillm.card.modelspec import ModelSpec
-from minillm.card.roofline import check_dtypes, kv_blocks, step_cost
+from minillm.card.roofline import check_dtypes, kv_blocks
 from minillm.config import EngineConfig
 from minillm.engine.packing import Batch
 from minillm.engine.paged_books import PagedKVBooks
@@ -79,7 +81,7 @@ class SimulatedRunner:
         rows = list(zip(batch.counts, starts))
         if batch.padding_rows:  # held seats are computed too: copies of the first decode row
             rows += [rows[batch.counts.index(1)]] * batch.padding_rows
-        seconds = step_cost(self.spec, self.card, rows, self.dtype, self.kv_dtype).time_s
+        seconds = engine_step(self.spec, self.card, rows, self.dtype, self.kv_dtype).time_s
         self.clock.advance(seconds)
         self.busy_s += seconds
         return [planned_token(r) for r in batch.sampled]

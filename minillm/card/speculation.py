@@ -18,9 +18,10 @@ verify step's k + 1 tokens per row turn it compute-bound first (it has k + 1 tim
 from there every guess, right or wrong, costs real time, and batching has already filled the idle maths that
 speculation was spending. `crossover` finds the first batch where speedup(B) < 1.
 
-On this machine the tiny model's steps are priced the way `whatif --validate` prices them: fp32 weights and KV,
-every torch call at the calibrated fixed cost (the calls counted on the real forward), the paged gather's
-three passes over the KV, and the engine's own Python per step.
+On this machine the tiny model's steps are priced op by op (opcost.py, what `whatif --validate` checks): a CPU is
+far from its roofline (a 1-row matmul runs at a fraction of a big one's FLOP/s, the KV is gathered into a copy
+before attention, every torch call has a fixed cost), and those are exactly the costs a verify row shares out
+over its k + 1 tokens.
 """
 
 from __future__ import annotations
@@ -39,7 +40,7 @@ from minillm.card.roofline import (
     step_cost,
     weight_bytes,
 )
-from minillm.config import ModelConfig
+from minillm.config import MAX_SPECULATE, ModelConfig
 from minillm.errors import ConfigError
 
 
@@ -126,11 +127,10 @@ def verify_step_s(target: ModelSpec, device: Device, batch: int, k: int, context
     return max(memory_s, compute_s) / device.efficiency + c.overhead_s
 
 
-def crossover(target: ModelSpec, draft: ModelSpec, device: Device, k: int, alpha: float, context: int = 512,
-              pricing: Pricing = Pricing(), largest: int = 4096) -> int | None:  # fmt: skip
-    """The smallest batch at which a speculative step makes fewer tokens/s than a plain one (None: not up to
-    `largest`; 1: it never pays at all). Doubling the batch until it falls below 1, then bisecting."""
-    pays = lambda batch: speculation_cost(target, draft, device, batch, k, alpha, context, pricing).speedup >= 1
+def crossover(cost_at, largest: int = 4096) -> int | None:
+    """The smallest batch at which a speculative step makes fewer tokens/s than a plain one, where cost_at(batch)
+    gives the SpeculationCost (None: not up to `largest`; 1: it never pays). Doubling, then bisecting."""
+    pays = lambda batch: cost_at(batch).speedup >= 1
     if not pays(1):
         return 1
     low = 1  # pays at `low`
@@ -145,6 +145,11 @@ def crossover(target: ModelSpec, draft: ModelSpec, device: Device, k: int, alpha
     return high
 
 
+def card_crossover(target: ModelSpec, draft: ModelSpec, device: Device, k: int, alpha: float, context: int = 512,
+                   pricing: Pricing = Pricing()) -> int | None:  # fmt: skip
+    return crossover(lambda batch: speculation_cost(target, draft, device, batch, k, alpha, context, pricing))
+
+
 def spec_of(cfg: ModelConfig, name: str) -> ModelSpec:
     """A minillm model's shape as the cost model reads one (a config.json's fields)."""
     fields = {"hidden_size": cfg.dim, "intermediate_size": cfg.ffn_dim, "num_hidden_layers": cfg.n_layers,
@@ -153,33 +158,29 @@ def spec_of(cfg: ModelConfig, name: str) -> ModelSpec:
     return spec_from_config(fields, name)
 
 
-def forward_calls(model, rows: int, tokens: int, contiguous: bool = False) -> int:
-    """Torch calls from Python in one cached forward of `rows` rows of `tokens` new tokens each, the cache's step
-    plan included (counted, not timed): each pays the fixed cost per call that calibration measures."""
-    import torch
+class ThisMachine:
+    """minillm's own model and draft on this machine, priced op by op (opcost.step_bill, the predictor `whatif
+    --validate` checks against measured steps): each matmul at the FLOP/s its number of rows reaches here (a verify
+    step's k + 1 tokens per row make its matmuls bigger, so faster per token), the KV gathered and attended once per
+    row whatever its tokens, and every torch call, counted on the real forward, at its calibrated cost. Python
+    outside the forward (scheduling, packing, the draft's bookkeeping) is left out."""
 
-    from minillm.card.calibrate import count_torch_calls
-    from minillm.engine.kv_cache import ContiguousKVCache, PagedKVCache
+    def __init__(self, model, draft, cal: dict):
+        from minillm.card.measure import step_calls
 
-    device, seats = next(model.parameters()).device, list(range(rows))
-    if contiguous:
-        cache = ContiguousKVCache(model.cfg, rows, 64, device)
-    else:
-        cache = PagedKVCache(model.cfg, num_blocks=rows * 4, block_size=16, device=device)
-    ids = torch.zeros(rows, tokens, dtype=torch.long, device=device)
-    last = torch.arange(rows, device=device) * tokens + tokens - 1
-    with torch.no_grad():
-        model(torch.zeros(rows, 8, dtype=torch.long, device=device), cache.prepare(seats, 8), cache)  # (a context)
-        return count_torch_calls(lambda: model(ids, cache.prepare(seats, tokens), cache, logits_at=last))
+        self.target, self.small, self.cal = spec_of(model.cfg, "minillm"), spec_of(draft.cfg, "minillm-draft"), cal
+        # calls per step depend on the code and the depth, not on the batch or the context: counted once
+        self.calls = {new: step_calls(model, 2, 16, new) for new in range(1, MAX_SPECULATE + 2)}
+        self.draft_calls = step_calls(draft, 2, 16)
 
+    def cost(self, batch: int, k: int, alpha: float, context: int) -> SpeculationCost:
+        from minillm.card.opcost import step_bill
 
-def this_machine_pricing(model, draft, k: int) -> Pricing:
-    """minillm's own steps here, as `whatif --validate` prices them: fp32 weights and KV, every torch call of a
-    forward (counted on the real one) at the calibrated fixed cost, and the KV gathered before attention (read,
-    written as a copy, read again: 3 passes). Python outside the forward (scheduling, packing, records) is left
-    out: a floor, as the roofline is."""
-    calls = lambda m, tokens, contiguous=False: Kernels(0, forward_calls(m, 2, tokens, contiguous), kv_passes=3)
-    return Pricing("fp32", "fp32", calls(model, 1), calls(draft, 1, True), calls(model, k + 1))
+        rows = lambda new: [(new, context)] * batch
+        decode = step_bill(self.target, self.cal, rows(1), self.calls[1]).time_s
+        verify = step_bill(self.target, self.cal, rows(k + 1), self.calls[k + 1], logits_rows=batch * (k + 1))
+        draft_step = step_bill(self.small, self.cal, rows(1), self.draft_calls).time_s
+        return SpeculationCost(batch, k, alpha, decode, verify.time_s, draft_step, expected_tokens(alpha, k))
 
 
 def users_that_fit(target: ModelSpec, draft: ModelSpec, device: Device, context: int, dtype: str = "bf16") -> int:
@@ -198,6 +199,6 @@ def card_table(target: ModelSpec, draft: ModelSpec, devices: list[Device], ks=(2
             for alpha in alphas:
                 one = speculation_cost(target, draft, device, 1, k, alpha, context)
                 rows.append({"gpu": device.name, "k": k, "alpha": alpha, "speedup_at_1": one.speedup,
-                             "crossover_batch": crossover(target, draft, device, k, alpha, context),
+                             "crossover_batch": card_crossover(target, draft, device, k, alpha, context),
                              "users_that_fit": users_that_fit(target, draft, device, context)})  # fmt: skip
     return rows

@@ -19,6 +19,13 @@ def non_negative_int(text: str) -> int:
     return value
 
 
+def non_negative_float(text: str) -> float:
+    value = float(text)
+    if not value >= 0:
+        raise argparse.ArgumentTypeError(f"must be 0 or more, got {value}")
+    return value
+
+
 def positive_float(text: str) -> float:
     value = float(text)
     if not value > 0:
@@ -82,3 +89,9 @@ def compile_forward(model):
 
     model.forward = forward
     return model
+
+
+def sampling_args(p: argparse.ArgumentParser) -> None:
+    p.add_argument("--temperature", type=float, default=0.0, help="0: greedy (the default); higher: more varied")
+    p.add_argument("--top-p", type=float, default=1.0, help="draw from the likeliest tokens that make up this share")
+    p.add_argument("--top-k", type=int, default=0, help="draw from the k likeliest tokens (0: all)")

@@ -11,8 +11,10 @@ def cmd_whatif(args: argparse.Namespace) -> None:
     from minillm.card import whatif
 
     if args.validate:
-        result = whatif.validate(args.device, progress=not args.json)
-        print(json.dumps(result) if args.json else whatif.validation_text(result))
+        from minillm.card.validate import validate, validation_text
+
+        result = validate(args.device, sizes=args.sizes, progress=not args.json)
+        print(json.dumps(result) if args.json else validation_text(result))
         return
     from minillm.card.hardware import get_device
     from minillm.card.modelspec import load_spec
@@ -33,6 +35,8 @@ def cmd_calibrate(args: argparse.Namespace) -> None:
 
 
 def add_commands(sub) -> None:
+    from minillm.card.sizes import SIZES
+
     p = sub.add_parser("whatif", help="a real model on a real card: memory, users that fit, tokens/s (roofline)")
     p.add_argument("--model", default="llama-3.1-8b", help="a shipped model (e.g. qwen3-0.6b) or a config.json path")
     p.add_argument("--gpu", default="rtx-4090", help="a card (e.g. h100-sxm) or this-machine (calibrated)")
@@ -40,9 +44,15 @@ def add_commands(sub) -> None:
     p.add_argument("--kv-dtype", default="bf16", help="KV cache: bf16, fp16 or fp8")
     p.add_argument("--context", type=int, default=4096, help="tokens of context per user")
     p.add_argument("--batch", type=int, default=1, help="users decoding together")
-    p.add_argument("--validate", action="store_true", help="check the cost model against the shipped model here "
-                   "(microbenchmarks -> predicted decode steps, against measured ones; on a busy shared machine "
-                   "OMP_NUM_THREADS=1 steadies the timings)")  # fmt: skip
+    p.add_argument(
+        "--validate",
+        action="store_true",
+        help="check the cost model on this machine: calibrate "
+        "(microbenchmarks), then predict and time decode steps of every --sizes model at batches 1-128 "
+        "and two contexts, and prompt chunks of 64-512 tokens (one torch thread; a few minutes)",
+    )
+    p.add_argument("--sizes", nargs="+", default=list(SIZES), choices=list(SIZES),
+                   help="model sizes --validate times (random weights; sizes.py)")  # fmt: skip
     p.add_argument("--device", default="auto", choices=["auto", "cpu", "cuda"], help="for this-machine and --validate")
     p.add_argument("--json", action="store_true", help="print one JSON object instead of the summary")
     p.set_defaults(func=cmd_whatif)

@@ -6,7 +6,7 @@ import argparse
 import sys
 import time
 
-from minillm.cli.args import model_args, positive_int
+from minillm.cli.args import model_args, positive_int, sampling_args
 from minillm.errors import ConfigError
 
 
@@ -28,6 +28,7 @@ def cmd_generate(args: argparse.Namespace) -> None:
         max_new_tokens=args.max_new_tokens,
         temperature=args.temperature,
         top_k=args.top_k,
+        top_p=args.top_p,
         seed=args.seed,
         use_cache=not args.no_cache,
     )
@@ -68,19 +69,18 @@ def cmd_eval(args: argparse.Namespace) -> None:
 
 def cmd_export(args: argparse.Namespace) -> None:
     from minillm.model.checkpoint import load_model
-    from minillm.serving.export import export_llama
+    from minillm.serving.export import EXPORTED_FILES, export_llama
 
     out = export_llama(load_model(args.checkpoint, "cpu"), args.out)
-    print(f"wrote {out / 'config.json'} and {out / 'model.safetensors'}")
+    print(f"wrote {', '.join(EXPORTED_FILES)} to {out}: e.g. `transformers serve {out}` serves it")
 
 
 def add_commands(sub) -> None:
     p = sub.add_parser("generate", help="reply to one prompt")
     p.add_argument("--prompt", required=True, help='e.g. "count down from 12", "spell 4096"')
     p.add_argument("--max-new-tokens", type=int, default=None, help="default: until EOS or the context is full")
-    p.add_argument("--temperature", type=float, default=0.0, help="0 = greedy")
-    p.add_argument("--top-k", type=int, default=None)
-    p.add_argument("--seed", type=int, default=None)
+    sampling_args(p)
+    p.add_argument("--seed", type=int, default=None, help="the same seed, the same reply (with --temperature)")
     p.add_argument("--no-cache", action="store_true", help="re-read the whole sequence every step (the reference)")
     p.add_argument("--preamble", default=None,
                    help="a system prompt before the task, which the model ignores: a name (assistant, teacher, "
@@ -103,7 +103,8 @@ def add_commands(sub) -> None:
     model_args(p)
     p.set_defaults(func=cmd_eval)
 
-    p = sub.add_parser("export", help="write a Llama-layout config.json + model.safetensors")
+    p = sub.add_parser("export", help="write a Llama-layout folder (weights, config, tokenizer, chat template) any "
+                       "server can load")  # fmt: skip
     p.add_argument("--out", required=True)
     p.add_argument("--checkpoint", default=None)
     p.set_defaults(func=cmd_export)

@@ -5,13 +5,32 @@ from __future__ import annotations
 import argparse
 import time
 
-from minillm.cli.args import compile_arg, load_model_from, model_args, non_negative_int, positive_float, positive_int
+from minillm.card.simulate import MAX_NUM_SEQS
+from minillm.cli.args import (
+    compile_arg,
+    load_model_from,
+    model_args,
+    non_negative_int,
+    positive_float,
+    positive_int,
+    sampling_args,
+)
 from minillm.errors import ConfigError
+
+
+def seats(text: str) -> int:
+    """--slots: 1 to MAX_NUM_SEQS (vLLM's default cap on sequences per step; the simulated pool's books and the
+    trace grow with it, and no card here serves more at once)."""
+    value = positive_int(text)
+    if value > MAX_NUM_SEQS:
+        raise argparse.ArgumentTypeError(f"at most {MAX_NUM_SEQS} seats, got {value}")
+    return value
 
 
 def cmd_run(args: argparse.Namespace) -> None:
     import json
 
+    from minillm.config import Sampling
     from minillm.runs.metrics import summarize
     from minillm.runs.run import run_workload
     from minillm.runs.workload import SIMULATED_WORKLOADS, ChatKnobs
@@ -21,18 +40,27 @@ def cmd_run(args: argparse.Namespace) -> None:
             f"{args.workload} has prompts longer than the tiny model's context (lengths only): "
             f"run it on a simulated card, e.g. --simulate llama-3.1-8b --gpu rtx-4090"
         )
+    if (args.prompt_len or args.reply_len) and args.workload not in SIMULATED_WORKLOADS:
+        raise ConfigError(
+            f"--prompt-len and --reply-len fix the lengths of a simulated card's workload "
+            f"({', '.join(SIMULATED_WORKLOADS)}), not of {args.workload}: e.g. --simulate llama-3.1-8b "
+            "--workload azure-conv --prompt-len 128 --reply-len 128"
+        )
     model = simulated_runner(args) if args.simulate else load_model_from(args)
     knobs = ChatKnobs(requests=args.requests, rate=args.rate, spread=args.spread, force_lengths=args.force_lengths,
-                      rate_per_s=args.rate_per_s)  # fmt: skip
+                      rate_per_s=args.rate_per_s, prompt_len=args.prompt_len, reply_len=args.reply_len)  # fmt: skip
     started = time.perf_counter()
     trace = run_workload(
         model, args.workload, args.scheduler, args.kv, args.slots, args.num_blocks, args.block_size, knobs,
         args.seed, progress=not args.json, token_budget=args.token_budget, prefix_caching=args.prefix_caching,
+        sampling=Sampling(args.temperature, args.top_p, args.top_k) if args.temperature > 0 else None,
         speculate=args.speculate, drafter=args.drafter,
     )  # fmt: skip
     if args.trace:
         trace.save(args.trace)
     summary = summarize(trace) | {"run_wall_s": time.perf_counter() - started}
+    if args.simulate:  # the steps' seconds are the simulated clock's, not this machine's: say so
+        summary = {("simulated_s" if key == "wall_s" else key): value for key, value in summary.items()}
     if args.json:
         print(json.dumps(summary))
         return
@@ -57,8 +85,8 @@ def run_summary_text(args: argparse.Namespace, cfg: dict, summary: dict) -> str:
         f"  requests     {summary['finished']} finished, {summary['rejected']} rejected of {summary['requests']}",
         f"  steps        {summary['steps']}  ({summary['output_tokens']} tokens, "
         f"{summary['tokens_per_step']:.2f}/step)",
-        f"  throughput   {summary['tokens_per_s']:.0f} tokens/s over {summary['wall_s']:.2f} s "
-        + ("simulated" if args.simulate else "of steps"),
+        f"  throughput   {summary['tokens_per_s']:.0f} tokens/s over "
+        + (f"{summary['simulated_s']:.2f} simulated s" if args.simulate else f"{summary['wall_s']:.2f} s of steps"),
         f"  utilization  {summary['slot_utilization']:.1%} of seat-steps did useful work",
         f"  TTFT         p50 {ms('ttft_p50_s')}, p99 {ms('ttft_p99_s')}   ({summary['ttft_p50_steps']} steps at p50)",
         f"  TPOT         p50 {ms('tpot_p50_s')}, p99 {ms('tpot_p99_s')}",
@@ -85,6 +113,8 @@ def cmd_bench(args: argparse.Namespace) -> None:
     from minillm.bench.report import markdown, plot_all
     from minillm.bench.suite import BENCHES, run_benchmarks
 
+    if args.roofline:
+        args.only = [*(args.only or []), "roofline"]
     unknown = set(args.only or []) - set(BENCHES)
     if unknown:
         raise ConfigError(f"unknown benchmark(s) {sorted(unknown)}; choose from {', '.join(BENCHES)}")
@@ -116,9 +146,10 @@ def add_commands(sub) -> None:
     p.add_argument("--kv", default="paged", choices=["paged", "contiguous"])
     p.add_argument(
         "--slots",
-        type=positive_int,
+        type=seats,
         default=None,
-        help="seats (default 4 for seed-story, else 8; simulated: the users the KV memory holds, <= 256)",
+        help=f"seats, at most {MAX_NUM_SEQS} (default 4 for seed-story, else 8; simulated: the users the KV memory "
+        "holds)",
     )
     p.add_argument("--num-blocks", type=positive_int, default=None, help="paged pool size (default: same memory)")
     p.add_argument("--block-size", type=positive_int, default=16)
@@ -151,7 +182,8 @@ def add_commands(sub) -> None:
     )
     p.add_argument("--spread", type=float, default=1.0, help="reply-length spread: 0 fixed, 1 exponential")
     p.add_argument("--force-lengths", action="store_true", help="ignore EOS: run replies to their drawn length")
-    p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--seed", type=int, default=0, help="the workload's draws (and each user's sampling seed)")
+    sampling_args(p)
     p.add_argument(
         "--simulate",
         default=None,
@@ -159,6 +191,14 @@ def add_commands(sub) -> None:
         help="serve a real model (e.g. llama-3.1-8b, or a config.json) on a simulated --gpu instead",
     )
     p.add_argument("--gpu", default="rtx-4090", help="the simulated card (with --simulate)")
+    p.add_argument(
+        "--prompt-len",
+        type=positive_int,
+        default=None,
+        help="simulated workloads: every prompt this many tokens (as a published table states it)",
+    )
+    p.add_argument("--reply-len", type=positive_int, default=None,
+                   help="simulated workloads: every reply this many tokens")  # fmt: skip
     p.add_argument("--dtype", default="bf16", help="simulated weights: fp32, bf16, fp16, fp8 or int4")
     p.add_argument("--kv-dtype", default="bf16", help="simulated KV cache: bf16, fp16 or fp8")
     p.add_argument("--trace", default=None, help="write the trace JSON here")
@@ -170,6 +210,8 @@ def add_commands(sub) -> None:
     p = sub.add_parser("bench", help="measure every claim of the lessons on this machine")
     p.add_argument("--quick", action="store_true", help="smaller runs: about 2 minutes on 2 CPU cores")
     p.add_argument("--only", nargs="+", default=None, help="run only these benchmarks")
+    p.add_argument("--roofline", action="store_true", help="this machine's roofline: the cost model against measured "
+                   "steps of every model size, and real cards against published figures (--only roofline)")  # fmt: skip
     p.add_argument("--out", default=None, help="folder for the plots (PNG) and results.json")
     p.add_argument("--markdown", default=None, help="also write a Markdown report here (e.g. BENCHMARKS.md)")
     p.add_argument("--json", action="store_true", help="print the results as one JSON object")

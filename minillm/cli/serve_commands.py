@@ -4,7 +4,15 @@ from __future__ import annotations
 
 import argparse
 
-from minillm.cli.args import compile_arg, load_model_from, model_args, non_negative_int, positive_float, positive_int
+from minillm.cli.args import (
+    compile_arg,
+    load_model_from,
+    model_args,
+    non_negative_float,
+    non_negative_int,
+    positive_float,
+    positive_int,
+)
 from minillm.errors import ConfigError
 
 
@@ -14,15 +22,16 @@ def cmd_serve(args: argparse.Namespace) -> None:
     sock = bind(args.host, args.port)  # first: a port that is taken fails in one line, before the model loads
     model = load_model_from(args)  # (on one torch thread unless --threads says otherwise: see main())
     loop = build_loop(model, args.scheduler, args.kv, args.slots, args.num_blocks, args.block_size, args.token_budget,
-                      args.prefix_caching, args.max_waiting, args.keep_steps,
-                      stream_interval=args.stream_interval)  # fmt: skip
+                      args.prefix_caching, args.max_waiting, args.keep_steps, stream_interval=args.stream_interval,
+                      process=args.engine == "process")  # fmt: skip
     where = f"http://{args.host}:{args.port}/v1"
-    print(f"minillm serving on {where} ({args.scheduler} batching, {args.slots} seats, {args.kv} KV); Ctrl-C stops")
-    print(f"  try: curl {where}/completions -H 'Content-Type: application/json' "
-          """-d '{"prompt": "count down from 12"}'""")  # fmt: skip
+    print(f"minillm serving on {where} ({args.scheduler} batching, {args.slots} seats, {args.kv} KV, the engine in a "
+          f"{args.engine} of its own); Ctrl-C stops", flush=True)  # fmt: skip
+    print(f"  try: curl {where}/chat/completions -H 'Content-Type: application/json' "
+          """-d '{"messages": [{"role": "user", "content": "count down from 12"}]}'""")  # fmt: skip
     if args.host != LOOPBACK:
         print(f"  note: bound to {args.host}: other machines on this network can send requests (on purpose?)")
-    serve(loop, sock, args.model_name)
+    serve(loop, sock, args.model_name, args.drain_s, args.max_body_bytes)
 
 
 def cmd_load(args: argparse.Namespace) -> None:
@@ -36,7 +45,8 @@ def cmd_load(args: argparse.Namespace) -> None:
 
     jobs = jobs_from_workload(args.workload, args.requests, args.rate_per_s, args.seed, args.force_lengths,
                               args.hang_up)  # fmt: skip
-    outcomes = asyncio.run(run_jobs(args.url, jobs, args.model, args.api, args.max_concurrency, args.timeout_s))
+    outcomes = asyncio.run(run_jobs(args.url, jobs, args.model, args.api, args.max_concurrency, args.timeout_s,
+                                    tokenizer=args.tokenizer))  # fmt: skip
     summary = summarize_load(outcomes, args.ttft_target_s, args.tpot_target_s)
     summary |= {"url": args.url, "workload": args.workload, "rate_per_s": args.rate_per_s, "seed": args.seed}
     if args.out:
@@ -89,6 +99,13 @@ def add_commands(sub) -> None:
     p.add_argument("--stream-interval", type=positive_int, default=1,
                    help="send tokens once this many piled up (the first at once): less work per token")  # fmt: skip
     p.add_argument("--model-name", default="minillm", help="the model name clients send and /v1/models lists")
+    p.add_argument("--max-body-bytes", type=positive_int, default=1_000_000,
+                   help="a bigger request body is refused (413) before it is read")  # fmt: skip
+    p.add_argument("--drain-s", type=non_negative_float, default=10.0,
+                   help="on Ctrl-C or SIGTERM: seconds the replies in flight get to finish (then: abort)")  # fmt: skip
+    p.add_argument("--engine", default="process", choices=["process", "thread"],
+                   help="process: the engine in a process of its own (the HTTP side never waits on a step); thread: on "
+                   "a thread of the server's process, sharing its interpreter lock (lesson 10 compares)")  # fmt: skip
     model_args(p)
     compile_arg(p)
     p.set_defaults(func=cmd_serve)
@@ -109,6 +126,11 @@ def add_commands(sub) -> None:
     p.add_argument("--tpot-target-s", type=positive_float, default=0.1, help="goodput: TPOT at most this")
     p.add_argument("--hang-up", type=float, default=0.0, help="share of users who hang up mid-stream (0 to 1)")
     p.add_argument("--timeout-s", type=positive_float, default=600.0, help="give up on a request silent this long")
+    p.add_argument("--tokenizer", default="minillm",
+                   help="how output tokens are counted, the same on every server: the reply's text tokenized by "
+                   "minillm's byte-level tokenizer (default; its export's too), or by a tokenizer.json (or its "
+                   "folder) for another model; 'usage': as each server's usage says (some count the end "
+                   "token)")  # fmt: skip
     p.add_argument("--json", action="store_true", help="print one JSON object (run --json's names)")
     p.add_argument("--out", default=None, help="also write the summary and every request's timings here (JSON)")
     p.set_defaults(func=cmd_load)

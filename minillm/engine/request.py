@@ -20,6 +20,8 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from enum import StrEnum
 
+from minillm.config import Sampling
+
 
 class State(StrEnum):
     WAITING = "waiting"
@@ -38,9 +40,11 @@ class Request:
     prompt: str = ""  # the text, for display
     arrival_s: float | None = None  # arrival in seconds on the engine's clock; when set, it rules over arrival_step
     planned_reply: int | None = None  # the reply length a workload drew: a simulated model replies this long, then EOS
+    sampling: Sampling = Sampling()  # how its tokens are picked (sampler.py): greedy unless it asks otherwise
 
     state: State = State.WAITING
     output_ids: list[int] = field(default_factory=list)
+    output_logprobs: list[tuple] = field(default_factory=list)  # when sampling.logprobs is set: one per token made
     seat: int | None = None
     num_computed: int = 0  # tokens (prompt, then output) whose keys and values are in the KV cache
     admit_step: int | None = None  # the first admission

@@ -3,8 +3,8 @@
 The engine decides who runs how many tokens (scheduler.py) and lays the rows out (packing.py);
 a runner turns that batch into next tokens. ModelRunner is the real thing: the KV cache makes room
 for the new tokens, the transformer runs ONE forward over every row, and each row that reached the
-end of its sequence gets its next token (greedy). A simulated card (simulate.py) is another runner
-with the same two methods, so the engine and the schedulers never know which one they drive.
+end of its sequence gets its next token (greedy, or drawn as its request asks: sampler.py). A simulated
+card (simulate.py) is another runner with the same two methods: the engine never knows which it drives.
 """
 
 from __future__ import annotations
@@ -16,7 +16,7 @@ import torch
 from minillm.config import EngineConfig
 from minillm.engine.kv_cache import ContiguousKVCache, PagedKVCache
 from minillm.engine.packing import Batch
-from minillm.model.tokenizer import EOS
+from minillm.engine.sampler import sample
 from minillm.model.transformer import Transformer
 
 
@@ -32,14 +32,6 @@ class WallClock:
     def wait_until(self, t: float) -> None:
         """Nothing to do until `t` (the next arrival): sleep."""
         time.sleep(max(0.0, t - self.now()))
-
-
-def greedy(logits: torch.Tensor, ignore_eos: list[bool]) -> list[int]:
-    """logits (R, V) -> the most likely token of each row. A row that ignores EOS (fixed length) never picks it."""
-    if any(ignore_eos):
-        logits = logits.clone()
-        logits[[i for i, ignore in enumerate(ignore_eos) if ignore], EOS] = float("-inf")
-    return logits.argmax(dim=-1).tolist()
 
 
 class ModelRunner:
@@ -66,4 +58,4 @@ class ModelRunner:
         tokens = torch.tensor(batch.token_ids, device=self.device).view(positions.shape)  # (B, T), else (1, N)
         at = torch.tensor(batch.logit_index, dtype=torch.long, device=self.device)  # (R,) where a token is picked
         logits = self.model(tokens, positions, cache, logits_at=at)  # (R, V)
-        return greedy(logits, [batch.requests[i].ignore_eos for i in batch.logit_rows])
+        return sample(logits, [batch.requests[i] for i in batch.logit_rows])

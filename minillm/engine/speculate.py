@@ -31,7 +31,8 @@ from minillm.config import EngineConfig
 from minillm.engine.kv_cache import ContiguousKVCache
 from minillm.engine.packing import Batch
 from minillm.engine.request import Request
-from minillm.engine.runner import ModelRunner, greedy
+from minillm.engine.runner import ModelRunner
+from minillm.engine.sampler import sample
 from minillm.errors import ConfigError
 from minillm.model.checkpoint import DRAFT_CHECKPOINT, load_model
 from minillm.model.tokenizer import EOS
@@ -114,7 +115,7 @@ class ModelDrafter:
             tokens = torch.tensor([t for i in rows for t in feed[i]], device=self.device).view(positions.shape)
             last = torch.tensor(list(itertools.accumulate(counts)), device=self.device) - 1  # (rows,)
             logits = self.model(tokens, positions, self.cache, logits_at=last)  # (rows, V)
-            for i, token in zip(rows, greedy(logits, [requests[i].ignore_eos for i in rows])):
+            for i, token in zip(rows, sample(logits, [requests[i] for i in rows])):  # (greedy: see speculates)
                 drafts[i].append(token)
                 feed[i] = [token]
         return drafts
@@ -128,9 +129,9 @@ class ModelDrafter:
 def speculates(r: Request) -> bool:
     """A decoding request that picks greedily. One that samples (temperature > 0) draws its tokens: greedy
     acceptance would turn its reply into the big model's argmax, and keeping its distribution needs the
-    rejection-sampling rule (keep a guess with probability min(1, p / q)), which minillm leaves out."""
-    sampling = getattr(r, "sampling", None)  # (per-request sampling settings, where the engine has them)
-    return r.is_decoding and (sampling is None or sampling.temperature == 0)
+    rejection-sampling rule (keep a guess with probability min(1, p / q)), which minillm leaves out. One that
+    asks for logprobs records them as each token is picked: a verify row picks after guesses it may reject."""
+    return r.is_decoding and r.sampling.temperature == 0 and r.sampling.logprobs is None
 
 
 class Speculator:

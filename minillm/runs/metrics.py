@@ -50,6 +50,18 @@ def utilization_now(trace: Trace, step: int) -> float:
     return busy_seats(trace.steps[step]) / trace.config["slots"]
 
 
+def one_user_left(trace: Trace) -> tuple[int, int] | None:
+    """The first stretch of steps (first, last) in which one request runs while finished ones hold their seats: a
+    static batch waiting for its longest reply, the moment articles quote utilization for. None if there is none."""
+    alone = {s.step for s in trace.steps if busy_seats(s) == 1 and any(e[2] == "held" for e in s.seats)}
+    if not alone:
+        return None
+    first = last = min(alone)
+    while last + 1 in alone:
+        last += 1
+    return first, last
+
+
 def kv_waste(trace: Trace, upto: int | None = None) -> float:
     """Mean over steps (with anything cached) of the share of reserved slots holding no token."""
     block, shares = trace.config["block_size"], []

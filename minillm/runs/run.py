@@ -2,8 +2,10 @@
 
 from __future__ import annotations
 
+from dataclasses import replace
+
 from minillm.card.simulate import SimulatedRunner, default_slots, default_token_budget
-from minillm.config import EngineConfig
+from minillm.config import EngineConfig, Sampling
 from minillm.engine.engine import Engine
 from minillm.engine.scheduler import DEFAULT_TOKEN_BUDGET, SCHEDULERS, Scheduler
 from minillm.engine.trace import Trace
@@ -30,6 +32,7 @@ def workload_engine(
     seed: int = 0,
     token_budget: int | None = None,
     prefix_caching: bool = False,
+    sampling: Sampling | None = None,
     speculate: int = 0,
     drafter: str = "model",
     draft: Transformer | None = None,
@@ -43,6 +46,8 @@ def workload_engine(
     seed story, 8 otherwise, and on a simulated card to as many users as its KV memory holds.
     token_budget: tokens per step (0: none, whole prompts in the step they are admitted; None: the default,
     scheduler.DEFAULT_TOKEN_BUDGET for the tiny model, vLLM's server default on a simulated card).
+    sampling: how every user's tokens are picked (None: greedy); each user draws with its own seed, taken from
+    `seed`, so the same run gives the same replies.
     speculate: draft tokens a decoding request guesses per step (0: off), by `drafter` ("model": `draft`, by
     default the shipped draft model; "ngram": prompt lookup), see engine/speculate.py.
     """
@@ -51,6 +56,8 @@ def workload_engine(
         token_budget = default_token_budget(model) if simulated else DEFAULT_TOKEN_BUDGET
     policy = SCHEDULERS[scheduler](token_budget=token_budget) if isinstance(scheduler, str) else scheduler
     requests = make_workload(workload, knobs, seed)
+    for i, request in enumerate(requests if sampling else []):
+        request.sampling = replace(sampling, seed=hash((seed, i)) % 2**63)
     meta = {"workload": workload, "seed": seed}
     extra = {}
     if isinstance(model, SimulatedRunner):  # a big model: its context, a pool sized by the card, lean records

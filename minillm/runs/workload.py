@@ -121,8 +121,14 @@ class ChatKnobs:
     spread: float = 1.0
     force_lengths: bool = False
     rate_per_s: float | None = None  # when set: arrivals per second (Poisson) instead of per step
+    prompt_len: int | None = None  # azure workloads: every prompt this long instead of drawn (published tables)
+    reply_len: int | None = None  # azure workloads: every reply this long
 
     def __post_init__(self) -> None:
+        for name in ("prompt_len", "reply_len"):
+            value = getattr(self, name)
+            if value is not None and (not isinstance(value, int) or value < 1):
+                raise ConfigError(f"{name} must be a whole number of tokens, at least 1, got {value!r}")
         if self.requests < 1:
             raise ConfigError(f"requests must be at least 1, got {self.requests}")
         if self.rate <= 0:
@@ -233,13 +239,15 @@ def draw_quantile(rng: random.Random, values: list[int]) -> int:
 
 
 def azure(name: str, knobs: ChatKnobs | None = None, seed: int = 0) -> list[Request]:
-    """Prompt and reply lengths drawn (independently) from the Azure trace's quantiles. The prompt's tokens are
+    """Prompt and reply lengths drawn (independently) from the Azure trace's quantiles, or fixed by knobs.prompt_len
+    and knobs.reply_len (a published table's "input 128, output 2048"). The prompt's tokens are
     placeholders, different for every request (no shared prefixes); the reply is `planned_reply` tokens, then EOS."""
     knobs, rng = knobs or ChatKnobs(), random.Random(seed)
     table = AZURE[name]
     requests = []
     for i in range(knobs.requests):
         prompt_len, reply = draw_quantile(rng, table["prompt"]), draw_quantile(rng, table["reply"])
+        prompt_len, reply = knobs.prompt_len or prompt_len, knobs.reply_len or reply  # (drawn anyway: same seeds)
         first = rng.randrange(256)
         ids = [BOS] + [(first + 7 * j) % 256 for j in range(max(0, prompt_len - 2))] + [SEP]
         requests.append(Request(f"r{i}", ids[:prompt_len] if prompt_len < 2 else ids, reply + 1,

@@ -20,7 +20,9 @@ from minillm.engine.trace import StepRecord
 
 TTFT_BUCKETS_S = (0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0, 60.0)
 ITL_BUCKETS_S = (0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5)
-OUTCOMES = ("eos", "length", "aborted", "rejected", "refused")  # refused: the queue was full (HTTP 429)
+# aborted: the client hung up; stop: the reply reached a stop string; abort: cut short by a stopping server;
+# refused: the queue was full (HTTP 429)
+OUTCOMES = ("eos", "length", "stop", "aborted", "abort", "rejected", "refused")
 
 
 class Histogram:

@@ -12,9 +12,13 @@ and for the run: output tokens/s over the wall time, and goodput: the requests t
 and a TPOT target (what a user would call "fast enough"), per second. The names are those of
 `python -m minillm run --json` (ttft_p50_s, itl_p99_s, tokens_per_s, ...) so the two can be compared.
 
-Token counts come from the `usage` the server sends at the end of the stream (asked for with
-stream_options.include_usage); a server that sends none is counted one token per chunk, which is
-what most send. Nothing here is specific to minillm: point it at vLLM or SGLang and it measures them.
+Output tokens are counted the same way whatever the server: the reply's text, tokenized by the served model's
+tokenizer (`tokenizer`: "minillm", the default, is minillm's byte-level one, which its export carries, so
+minillm's server and transformers' or vLLM's serving the export count alike; a tokenizer.json, or a folder
+holding one, for another model, read with the `tokenizers` package). Servers' own `usage` differs: some count
+the end-of-sequence token that ends a reply (transformers' server does), some do not (minillm), so comparing
+their figures would compare their bookkeeping. tokenizer="usage" trusts it anyway (one token per chunk when a
+server sends none). Nothing here is specific to minillm: point it at vLLM or SGLang and it measures them.
 """
 
 from __future__ import annotations
@@ -23,7 +27,9 @@ import asyncio
 import json
 import random
 import time
+from collections.abc import Callable
 from dataclasses import dataclass, field
+from pathlib import Path
 
 import httpx
 
@@ -109,8 +115,31 @@ def request_body(job: Job, model: str, api: str) -> dict:
     return body
 
 
-async def send(client: httpx.AsyncClient, url: str, body: dict, out: Outcome, t0: float) -> None:
-    """One streamed request; fills `out` as the chunks come."""
+def token_counter(tokenizer: str = "minillm") -> Callable[[str, dict | None, int], int]:
+    """How replies' output tokens are counted: count(text, usage or None, chunks with text) (the module's notes)."""
+    if tokenizer == "minillm":
+        return lambda text, usage, chunks: len(text.encode("utf-8"))  # one token per byte
+    if tokenizer == "usage":
+        return lambda text, usage, chunks: usage["completion_tokens"] if usage else chunks
+    path = Path(tokenizer)
+    path = path / "tokenizer.json" if path.is_dir() else path
+    try:
+        from tokenizers import Tokenizer
+
+        other = Tokenizer.from_file(str(path))
+    except ImportError:
+        raise ConfigError(
+            "counting with a tokenizer.json needs the `tokenizers` package (pip install tokenizers)"
+        ) from None
+    except Exception as e:  # noqa: BLE001 (the library's errors are of its own kinds)
+        raise ConfigError(f"cannot read the tokenizer {path} ({e}); give a tokenizer.json, its folder, "
+                          "'minillm' or 'usage'") from None  # fmt: skip
+    return lambda text, usage, chunks: len(other.encode(text, add_special_tokens=False).ids)
+
+
+async def send(client: httpx.AsyncClient, url: str, body: dict, out: Outcome, t0: float,
+               count: Callable[[str, dict | None, int], int]) -> None:  # fmt: skip
+    """One streamed request; fills `out` as the chunks come; count: how its output tokens are counted."""
     endpoint = f"{url}/chat/completions" if "messages" in body else f"{url}/completions"
     out.sent_s = time.perf_counter() - t0
     async with client.stream("POST", endpoint, json=body) as response:
@@ -143,14 +172,16 @@ async def send(client: httpx.AsyncClient, url: str, body: dict, out: Outcome, t0
                 return
         out.end_s = time.perf_counter() - t0
         out.text = "".join(pieces)
-        out.output_tokens = usage["completion_tokens"] if usage else len(out.chunk_s)
+        out.output_tokens = count(out.text, usage, len(out.chunk_s))
 
 
 async def run_jobs(url: str, jobs: list[Job], model: str | None = None, api: str = "chat",
                    max_concurrency: int | None = None, timeout_s: float = 600.0,
-                   extra_body: dict | None = None) -> list[Outcome]:  # fmt: skip
+                   extra_body: dict | None = None, tokenizer: str = "minillm") -> list[Outcome]:  # fmt: skip
     """Send every job at its time (waiting for a free client first, with max_concurrency); one Outcome each.
-    extra_body: more fields for every request (e.g. {"return_token_ids": True}, which minillm and vLLM know)."""
+    extra_body: more fields for every request (e.g. {"return_token_ids": True}, which minillm and vLLM know).
+    tokenizer: how output tokens are counted (token_counter)."""
+    count = token_counter(tokenizer)
     if api not in ("chat", "completions"):
         raise ConfigError(f"api must be 'chat' or 'completions', got {api!r}")
     url = url.rstrip("/")
@@ -166,7 +197,7 @@ async def run_jobs(url: str, jobs: list[Job], model: str | None = None, api: str
             await asyncio.sleep(max(0.0, out.job.send_at_s - (time.perf_counter() - t0)))
             async with gate:
                 try:
-                    await send(client, url, body, out, t0)
+                    await send(client, url, body, out, t0, count)
                 except (httpx.HTTPError, json.JSONDecodeError) as e:
                     out.error = f"{type(e).__name__}: {e}"
 

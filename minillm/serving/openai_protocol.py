@@ -1,34 +1,37 @@
-"""The OpenAI API's shapes: what a client sends, what it gets back, and the errors in between.
+"""The OpenAI API's requests: what a client may send, checked field by field, and the errors in between.
 
 vLLM, SGLang, TGI and minillm all speak this dialect, so one client (curl, the `openai` package,
 loadgen.py) talks to any of them. Two endpoints generate:
 
-  POST /v1/completions        {"model", "prompt": "spell 42", "max_tokens", "stream"}
+  POST /v1/completions        {"model", "prompt": "spell 42", "max_tokens", "stream", ...}: the prompt as raw text
   POST /v1/chat/completions   {"model", "messages": [{"role": "system" | "user" | ..., "content"}], ...}
 
 Chat maps onto the tiny model's prompt format (tokenizer.encode_prompt): the system message becomes
 the preamble, the last user message the prompt; earlier turns are dropped (the model has no memory
-of a conversation, and it knows only its two tasks: "count down from N" and "spell N").
+of a conversation, and it knows only its two tasks: "count down from N" and "spell N"). Completions
+send the prompt as it is, after <bos> (as vLLM does): the chat format is the chat endpoint's business.
 
-With "stream": true the reply comes as server-sent events, one `data: {json}` line per chunk of new
-text, then `data: [DONE]`. The chunk that carries finish_reason also carries `usage` (the token
-counts); with "stream_options": {"include_usage": true} a last chunk with no choices repeats it,
-as OpenAI's API does. Decoding is greedy: temperature and top_p are accepted and ignored.
-`ignore_eos` (as in vLLM) runs a reply to exactly max_tokens; `return_token_ids` (as in vLLM) adds each
-choice's new token ids as "token_ids" (the tests compare them with the offline engine's, token for token).
+Sampling (temperature, top_p, top_k, seed), stop strings, logprobs and max_tokens are honoured. A field
+this server cannot honour (echo, tools, response_format, penalties, ...) is refused with a 400 that names
+it, never silently dropped: a client that relies on it would get wrong answers without knowing. Such a
+field sent with the value that asks for nothing (null, false, 0, an empty list) is fine. Two extensions,
+as in vLLM: `ignore_eos` runs a reply to exactly max_tokens; `return_token_ids` adds each choice's new
+token ids as "token_ids" (the tests compare them with the offline engine's, token for token).
 """
 
 from __future__ import annotations
 
 import json
-import time
 from dataclasses import dataclass
 
+from minillm.config import Sampling, check_sampling
 from minillm.engine.request import Request
-from minillm.errors import MinillmError
-from minillm.model.tokenizer import encode_prompt
+from minillm.errors import InputError, MinillmError
+from minillm.model.tokenizer import BOS, encode, encode_prompt
 
-FINISH_REASONS = {"eos": "stop", "length": "length"}  # the engine's words -> OpenAI's
+MAX_STOPS = 4  # stop strings per request (OpenAI's limit)
+MAX_TOP_LOGPROBS = 5
+BIG_NUMBER_DIGITS = 40  # a JSON integer longer than this is no count, seed or token of ours: refused, not parsed
 
 
 class ApiError(MinillmError):
@@ -39,7 +42,8 @@ class ApiError(MinillmError):
         self.status, self.param, self.code = status, param, code
 
     def body(self) -> dict:
-        kind = {429: "rate_limit_error", 503: "server_error"}.get(self.status, "invalid_request_error")
+        kind = {404: "not_found_error", 413: "invalid_request_error", 429: "rate_limit_error"}.get(self.status)
+        kind = kind or ("server_error" if self.status >= 500 else "invalid_request_error")
         return {"error": {"message": str(self), "type": kind, "param": self.param, "code": self.code}}
 
 
@@ -55,16 +59,62 @@ class Ask:
     ignore_eos: bool = False
     return_token_ids: bool = False
     chat: bool = False
+    sampling: Sampling = Sampling()  # (its logprobs: how many top tokens to list, None: no logprobs)
+    stop: tuple[str, ...] = ()
+
+
+# --- the body ------------------------------------------------------------------------------------
+class BigNumber:
+    """Stands in for an integer with too many digits to be anything a field here could take."""
+
+    def __init__(self, digits: str):
+        self.digits = len(digits.lstrip("-"))
+
+    def __repr__(self) -> str:
+        return f"<a {self.digits}-digit number>"
 
 
 def parse_json(raw: bytes) -> dict:
+    """The body as a JSON object; malformed, too deep or not an object: a 400 that says so."""
+    big = lambda text: int(text) if len(text) <= BIG_NUMBER_DIGITS else BigNumber(text)
     try:
-        body = json.loads(raw)
-    except (json.JSONDecodeError, UnicodeDecodeError) as e:
+        body = json.loads(raw, parse_int=big)
+    except (ValueError, UnicodeDecodeError) as e:  # (json.JSONDecodeError is a ValueError)
         raise ApiError(f"the request body is not valid JSON ({e})") from None
+    except RecursionError:
+        raise ApiError("the request body is nested too deeply to be a request") from None
     if not isinstance(body, dict):
         raise ApiError('the request body must be a JSON object, e.g. {"prompt": "spell 42"}')
     return body
+
+
+# Fields a client may send that ask for nothing when they hold one of these values (OpenAI's defaults).
+HARMLESS = {"presence_penalty": (0,), "frequency_penalty": (0,), "logit_bias": ({},), "echo": (False,),
+            "best_of": (1,), "suffix": ("",), "tools": ([],), "tool_choice": ("none", "auto"), "functions": ([],),
+            "parallel_tool_calls": (True, False), "response_format": ({"type": "text"},), "store": (False,),
+            "n": (1,)}  # fmt: skip
+WHY_NOT = {"echo": "echo (the prompt back in the reply) is not supported",
+           "tools": "this model cannot call tools", "tool_choice": "this model cannot call tools",
+           "functions": "this model cannot call functions", "response_format": 'only {"type": "text"} replies',
+           "n": "n must be 1: this server makes one reply per request"}  # fmt: skip
+COMMON = {"model", "max_tokens", "stream", "stream_options", "temperature", "top_p", "top_k", "seed", "stop",
+          "ignore_eos", "return_token_ids", "user", "metadata", "service_tier"}  # fmt: skip
+FIELDS = {"completions": COMMON | {"prompt", "logprobs"},
+          "chat": COMMON | {"messages", "max_completion_tokens", "logprobs", "top_logprobs"}}  # fmt: skip
+
+
+def same(value, harmless) -> bool:
+    return value == harmless and isinstance(value, bool) == isinstance(harmless, bool)
+
+
+def check_fields(body: dict, endpoint: str) -> dict:
+    """The fields to read (a null is as good as absent); any other field that asks for something: a 400."""
+    for name, value in body.items():
+        if value is None or name in FIELDS[endpoint] or any(same(value, h) for h in HARMLESS.get(name, ())):
+            continue
+        why = WHY_NOT.get(name, "this server does not support it" if name in HARMLESS else "unknown field")
+        raise ApiError(f"{name}: {why} (got {json.dumps(value, default=repr)[:80]}); leave it out", param=name)
+    return {name: value for name, value in body.items() if value is not None}
 
 
 def _flag(body: dict, name: str) -> bool:
@@ -74,44 +124,88 @@ def _flag(body: dict, name: str) -> bool:
     return value
 
 
-def _common(body: dict, model: str, prompt: str, chat: bool, preamble: str | None = None) -> Ask:
-    if body.get("model") not in (None, model):
-        raise ApiError(f"model {body['model']!r} is not served here; this server serves {model!r} "
-                       "(GET /v1/models lists it)", param="model", code="model_not_found")  # fmt: skip
+def _whole(body: dict, name: str, low: int, high: float, what: str) -> int | None:
+    value = body.get(name)
+    if value is not None and (not isinstance(value, int) or isinstance(value, bool) or not low <= value <= high):
+        raise ApiError(f"{name} must be a whole number {what}, got {value!r}", param=name)
+    return value
+
+
+def _stop(body: dict) -> tuple[str, ...]:
+    stop = body.get("stop", [])
+    stops = [stop] if isinstance(stop, str) else stop
+    if not isinstance(stops, list) or len(stops) > MAX_STOPS or not all(isinstance(s, str) and s for s in stops):
+        raise ApiError(f"stop must be a string or a list of at most {MAX_STOPS} non-empty strings, got {stop!r}",
+                       param="stop")  # fmt: skip
+    for s in stops:
+        utf8(s, "stop")
+    return tuple(stops)
+
+
+def utf8(text: str, param: str) -> bytes:
+    """The text's bytes (the tiny model's tokens), or a 400 when it is not valid Unicode (a lone surrogate)."""
+    try:
+        return text.encode("utf-8")
+    except UnicodeEncodeError as e:
+        raise ApiError(f"{param} holds {e.object[e.start : e.end]!r}, which is not valid Unicode text (a lone "
+                       "surrogate): send UTF-8 text", param=param) from None  # fmt: skip
+
+
+def _sampling(body: dict, logprobs: int | None) -> Sampling:
+    for name in ("temperature", "top_p", "top_k", "seed"):
+        if name in body:
+            try:
+                check_sampling(name, body[name])
+            except InputError as e:
+                raise ApiError(str(e), param=name) from None
+    fields = {n: body[n] for n in ("temperature", "top_p", "top_k", "seed") if n in body}
+    return Sampling(**fields, logprobs=logprobs)
+
+
+def _common(body: dict, model: str, prompt: str, chat: bool, logprobs: int | None, preamble: str | None = None) -> Ask:
+    if not isinstance(body.get("model", model), str):
+        raise ApiError(f"model must be a string, e.g. {model!r}", param="model")
+    if body.get("model", model) != model:
+        raise ApiError(f"the model {body['model']!r} does not exist here; this server serves {model!r} "
+                       "(GET /v1/models lists it)", status=404, param="model", code="model_not_found")  # fmt: skip
     if not prompt.strip():
         raise ApiError("the prompt is empty; ask e.g. 'count down from 12' or 'spell 4096'", param="prompt")
     name = "max_completion_tokens" if chat and "max_completion_tokens" in body else "max_tokens"
-    max_tokens = body.get(name)
-    if max_tokens is not None and (not isinstance(max_tokens, int) or isinstance(max_tokens, bool) or max_tokens < 1):
-        raise ApiError(f"{name} must be a whole number of at least 1, got {max_tokens!r}", param=name)
-    if body.get("n", 1) != 1:
-        raise ApiError("n must be 1: this server makes one reply per request", param="n")
-    options = body.get("stream_options") or {}
-    if not isinstance(options, dict):
-        raise ApiError('stream_options must be an object, e.g. {"include_usage": true}', param="stream_options")
+    max_tokens = _whole(body, name, 1, float("inf"), "of at least 1")
+    options = body.get("stream_options", {})
+    if not isinstance(options, dict) or set(options) - {"include_usage"}:
+        raise ApiError('stream_options must be an object like {"include_usage": true}', param="stream_options")
+    for name in ("user", "service_tier"):
+        if not isinstance(body.get(name, ""), str):
+            raise ApiError(f"{name} must be a string", param=name)
     return Ask(prompt, preamble, max_tokens, _flag(body, "stream"), _flag(options, "include_usage"),
-               _flag(body, "ignore_eos"), _flag(body, "return_token_ids"), chat)  # fmt: skip
+               _flag(body, "ignore_eos"), _flag(body, "return_token_ids"), chat, _sampling(body, logprobs),
+               _stop(body))  # fmt: skip
 
 
 def parse_completion(body: dict, model: str) -> Ask:
+    body = check_fields(body, "completions")
     prompt = body.get("prompt")
     if isinstance(prompt, list) and len(prompt) == 1:
         prompt = prompt[0]  # a batch of one
     if not isinstance(prompt, str):
         raise ApiError("prompt must be a string, e.g. \"count down from 12\" (one prompt per request)",
                        param="prompt")  # fmt: skip
-    return _common(body, model, prompt, chat=False)
+    logprobs = _whole(body, "logprobs", 0, MAX_TOP_LOGPROBS, f"from 0 to {MAX_TOP_LOGPROBS}")
+    return _common(body, model, prompt, chat=False, logprobs=logprobs)
 
 
 def _text(content, i: int) -> str:
     if isinstance(content, str):
         return content
     if isinstance(content, list) and all(isinstance(p, dict) and p.get("type") == "text" for p in content):
-        return "".join(str(p.get("text", "")) for p in content)  # text parts; images and audio are not understood
+        if all(isinstance(p.get("text", ""), str) for p in content):
+            return "".join(p.get("text", "") for p in content)  # text parts; images and audio are not understood
     raise ApiError(f"messages[{i}].content must be a string or a list of text parts", param="messages")
 
 
 def parse_chat(body: dict, model: str) -> Ask:
+    body = check_fields(body, "chat")
     messages = body.get("messages")
     if not isinstance(messages, list) or not messages:
         raise ApiError('messages must be a non-empty list, e.g. [{"role": "user", "content": "spell 42"}]',
@@ -127,67 +221,28 @@ def parse_chat(body: dict, model: str) -> Ask:
             user = _text(m.get("content"), i)
     if user is None:
         raise ApiError("messages has no user message: nothing to reply to", param="messages")
-    return _common(body, model, user, chat=True, preamble=system)
+    logprobs = _flag(body, "logprobs")
+    top = _whole(body, "top_logprobs", 0, MAX_TOP_LOGPROBS, f"from 0 to {MAX_TOP_LOGPROBS}")
+    if top is not None and not logprobs:
+        raise ApiError("top_logprobs needs logprobs: true", param="top_logprobs")
+    return _common(body, model, user, chat=True, logprobs=(top or 0) if logprobs else None, preamble=system)
 
 
 def to_request(ask: Ask, request_id: str, max_len: int) -> Request:
-    ids = encode_prompt(ask.prompt, ask.preamble)
+    """The engine's request: the prompt's length checked before it is tokenized (a huge prompt costs nothing)."""
+    param = "messages" if ask.chat else "prompt"
+    if len(ask.prompt) + len(ask.preamble or "") + 1 + ask.chat >= max_len:  # a character is at least one token
+        raise ApiError(f"the prompt is over {max_len} tokens, the model's context: shorten it", param=param)
+    utf8(ask.prompt, param)
+    utf8(ask.preamble or "", param)
+    ids = encode_prompt(ask.prompt, ask.preamble) if ask.chat else [BOS, *encode(ask.prompt)]
     if len(ids) >= max_len:
         raise ApiError(f"the prompt is {len(ids)} tokens but the model's context is {max_len}: shorten it",
-                       param="messages" if ask.chat else "prompt")  # fmt: skip
+                       param=param)  # fmt: skip
     room = max_len - len(ids)  # the most tokens a reply can have: prompt + reply fill the context
     if ask.max_tokens is not None and ask.max_tokens > room:
         raise ApiError(f"the prompt ({len(ids)} tokens) plus max_tokens ({ask.max_tokens}) exceeds the model's context "
                        f"of {max_len} tokens; use max_tokens <= {room}", param="max_tokens")  # fmt: skip
     max_tokens = ask.max_tokens or room  # by default: until EOS, or the context is full
     text = ask.prompt if not ask.preamble else f"[{len(ask.preamble)}-byte system prompt] {ask.prompt}"
-    return Request(request_id, ids, max_tokens, ignore_eos=ask.ignore_eos, prompt=text)
-
-
-# --- what goes back ---------------------------------------------------------------------------------
-def usage(prompt_tokens: int, completion_tokens: int) -> dict:
-    return {"prompt_tokens": prompt_tokens, "completion_tokens": completion_tokens,
-            "total_tokens": prompt_tokens + completion_tokens}  # fmt: skip
-
-
-def response_id(ask: Ask, request_id: str) -> str:
-    return f"{'chatcmpl' if ask.chat else 'cmpl'}-{request_id}"
-
-
-def reply(ask: Ask, request_id: str, model: str, tokens: list[int], text: str, finish: str, counts: dict) -> dict:
-    """The whole reply at once (stream: false)."""
-    if ask.chat:
-        choice = {"index": 0, "message": {"role": "assistant", "content": text}, "finish_reason": finish}
-    else:
-        choice = {"index": 0, "text": text, "logprobs": None, "finish_reason": finish}
-    if ask.return_token_ids:
-        choice["token_ids"] = tokens
-    return {"id": response_id(ask, request_id), "object": "chat.completion" if ask.chat else "text_completion",
-            "created": int(time.time()), "model": model, "choices": [choice], "usage": counts}  # fmt: skip
-
-
-def chunk(ask: Ask, request_id: str, model: str, text: str | None, finish: str | None = None,
-          counts: dict | None = None, role: bool = False, tokens: list[int] = ()) -> str:  # fmt: skip
-    """One server-sent event of a streamed reply. text None (with counts): the usage-only last chunk."""
-    if text is None:
-        choices = []
-    elif ask.chat:
-        delta = ({"role": "assistant"} if role else {}) | ({"content": text} if text or role else {})
-        choices = [{"index": 0, "delta": delta, "finish_reason": finish}]
-    else:
-        choices = [{"index": 0, "text": text, "logprobs": None, "finish_reason": finish}]
-    if ask.return_token_ids and choices:
-        choices[0]["token_ids"] = list(tokens)
-    body = {"id": response_id(ask, request_id), "object": "chat.completion.chunk" if ask.chat else "text_completion",
-            "created": int(time.time()), "model": model, "choices": choices}  # fmt: skip
-    if counts is not None:
-        body["usage"] = counts
-    return sse(body)
-
-
-def sse(data: dict | str) -> str:
-    """A server-sent event: a `data:` line and a blank line."""
-    return f"data: {data if isinstance(data, str) else json.dumps(data, separators=(',', ':'))}\n\n"
-
-
-DONE = sse("[DONE]")
+    return Request(request_id, ids, max_tokens, ignore_eos=ask.ignore_eos, prompt=text, sampling=ask.sampling)

@@ -2,8 +2,8 @@
 
 A web server answers many connections at once; the engine must take one step after another, and
 only one piece of code may touch it (its queues, its seats, the KV cache and the model are not
-thread-safe). So the engine gets a thread of its own, and everyone else talks to it through two
-one-way channels:
+thread-safe). So the engine gets a thread of its own (or a process: engine_process.py runs this same
+loop there), and everyone else talks to it through two one-way channels:
 
     inbox        any thread -> the engine thread:  submit a request, abort one, ask a question
     TokenStream  the engine thread -> one reader:  accepted (or refused), tokens as steps make them, done
@@ -18,6 +18,8 @@ The loop, on the engine thread:
 Handing a request over is a put on a queue, and reading a stream never waits for the engine
 thread, so nothing the HTTP side does can hold up a step. A client that hangs up sends an abort:
 its request leaves the queue or its seat, and its KV blocks are free before the next step runs.
+An abort carries a reason: "aborted" (a hang-up), "stop" (the reply reached a stop string, which the
+HTTP side finds in the text), "abort" (the server is shutting down).
 
 A server runs for hours while the engine records every step: this loop keeps only the last
 `keep_steps` steps (and the requests they mention), so memory stays bounded, and `trace()`
@@ -43,6 +45,44 @@ from minillm.serving.trace_window import window
 RETRY_AFTER_S = 1  # what a client refused for a full queue is told to wait (a hint: the queue drains in seconds)
 
 
+class LoopHandle:
+    """What any thread may ask of a serve loop, by message: ServeLoop (the engine on a thread of this process) and
+    EngineProcess (the engine in a process of its own) both answer it, so the HTTP app works with either. Both
+    also have start(), stop(), `alive` and `error` (what stopped the engine, if anything did)."""
+
+    max_len: int  # the context: fixed, so handlers may read it
+    steps: int  # steps taken so far (as last heard)
+
+    def _send(self, message: tuple) -> None:
+        raise NotImplementedError
+
+    def submit(self, request: Request, stream: TokenStream | AsyncTokenStream) -> None:
+        """Hand a request to the engine; its stream says first "accepted" or "refused"."""
+        self._send(("submit", request, stream))
+
+    def abort(self, request_id: str, reason: str = "aborted") -> None:
+        """Stop a request wherever it is (a client hung up, ...). Aborting a finished request does nothing."""
+        self._send(("abort", request_id, reason))
+
+    def ask(self, question: Callable[[Engine], object]) -> Future:
+        """Run question(engine) on the engine's side between two steps; the future holds the answer."""
+        answer: Future = Future()
+        self._send(("ask", question, answer))
+        return answer
+
+    def trace(self, last_steps: int | None = None, since_step: int | None = None, timeout: float = 30.0) -> Trace:
+        """The recorded window (or its last `last_steps` steps, or the steps after `since_step`) as a trace."""
+        answer: Future = Future()
+        self._send(("snapshot", last_steps, since_step, answer))
+        return window(*answer.result(timeout))
+
+    def metrics_text(self, timeout: float = 30.0) -> str:
+        """The Prometheus text for /metrics: gauges read between two steps, so they agree with each other."""
+        answer: Future = Future()
+        self._send(("metrics", answer))
+        return answer.result(timeout)
+
+
 @dataclass
 class Listener:
     request: Request
@@ -51,24 +91,28 @@ class Listener:
     last_token_s: float | None = None  # when it last made a token (engine clock), for the inter-token gaps
 
 
-class ServeLoop:
+class ServeLoop(LoopHandle):
     """Runs `engine` on its own thread; submit(), abort(), ask() and trace() may be called from any thread."""
 
-    def __init__(self, engine: Engine, max_waiting: int = 256, keep_steps: int = 10_000, stream_interval: int = 1):
+    def __init__(self, engine: Engine, max_waiting: int = 256, keep_steps: int = 10_000, stream_interval: int = 1,
+                 inbox=None, deliver: Callable[[list], None] = deliver):  # fmt: skip
         """stream_interval: send a request's tokens once this many have piled up (its first token and its last
         always go at once). 1: every token as it is made; more: fewer, larger chunks, less work per token for
-        the HTTP side and the client (vLLM's and SGLang's --stream-interval)."""
+        the HTTP side and the client (vLLM's and SGLang's --stream-interval).
+        inbox (get() and get_nowait(), as a queue) and deliver (one step's events to their streams): where messages
+        come from and events go; by default a queue any thread puts in, and the streams of this process."""
         self.engine, self.max_waiting, self.keep_steps = engine, max_waiting, keep_steps
         self.stream_interval = stream_interval
-        self.max_len = engine.max_len  # the context: fixed, so handlers may read it
+        self.max_len = engine.max_len
         self.config = engine.trace().config | {"workload": "live"}  # fixed for the engine's life
         self.stats = LiveStats()  # counters and histograms for /metrics (written by the engine thread only)
-        self.inbox: queue.SimpleQueue[tuple] = queue.SimpleQueue()
+        self.inbox = inbox or queue.SimpleQueue()
+        self.deliver = deliver
         self.listeners: dict[str, Listener] = {}  # request id -> who reads its tokens, while it lives
         self.error: BaseException | None = None  # what stopped the engine thread, if anything did
         self.unseated = 0  # requests kept that ended without a seat (see _ended_unseated)
         self.outbox: list[tuple[TokenStream | AsyncTokenStream, Event]] = []  # events to deliver (see deliver)
-        self._thread = threading.Thread(target=self._serve, name="minillm-engine", daemon=True)
+        self._thread = threading.Thread(target=self.serve, name="minillm-engine", daemon=True)
 
     # --- any thread --------------------------------------------------------------------------------
     def start(self) -> ServeLoop:
@@ -83,30 +127,16 @@ class ServeLoop:
     def alive(self) -> bool:
         return self._thread.is_alive()
 
-    def submit(self, request: Request, stream: TokenStream | AsyncTokenStream) -> None:
-        """Hand a request to the engine thread; its stream says first "accepted" or "refused"."""
-        self.inbox.put(("submit", request, stream))
+    @property
+    def steps(self) -> int:
+        return self.engine.step_no  # (an int: safe to read from any thread)
 
-    def abort(self, request_id: str) -> None:
-        """Stop a request wherever it is (a client hung up). Aborting a finished request does nothing."""
-        self.inbox.put(("abort", request_id))
-
-    def ask(self, question: Callable[[Engine], object]) -> Future:
-        """Run question(engine) on the engine thread between two steps; the future holds the answer."""
-        answer: Future = Future()
-        self.inbox.put(("ask", question, answer))
-        return answer
-
-    def trace(self, last_steps: int | None = None, since_step: int | None = None, timeout: float = 30.0) -> Trace:
-        """The recorded window (or its last `last_steps` steps, or the steps after `since_step`) as a trace."""
-        return window(*self.ask(lambda _: self._snapshot(last_steps, since_step)).result(timeout))
-
-    def metrics_text(self, timeout: float = 30.0) -> str:
-        """The Prometheus text for /metrics: gauges read between two steps, so they agree with each other."""
-        return self.ask(lambda engine: prometheus_text(self.stats, gauges(engine))).result(timeout)
+    def _send(self, message: tuple) -> None:
+        self.inbox.put(message)
 
     # --- the engine thread ---------------------------------------------------------------------------
-    def _serve(self) -> None:
+    def serve(self) -> None:
+        """The loop (start() runs it on a thread of its own), until a "stop" message."""
         try:
             while self._take_inbox(wait=not self.engine.has_work()):
                 self._deliver()  # "accepted" goes out now: the HTTP side answers while the step runs
@@ -118,13 +148,15 @@ class ServeLoop:
                     self._deliver()
         except BaseException as e:  # noqa: BLE001 (a bug must not leave clients waiting forever)
             self.error = e
-            for listener in self.listeners.values():
-                listener.stream.put(Event("done", detail=f"error: {e!r}"))
+            self.outbox = [
+                (listener.stream, Event("done", detail=f"error: {e!r}")) for listener in self.listeners.values()
+            ]
+            self._deliver()
             raise
 
     def _deliver(self) -> None:
         if self.outbox:
-            deliver(self.outbox)
+            self.deliver(self.outbox)
             self.outbox = []
 
     def _take_inbox(self, wait: bool) -> bool:
@@ -168,20 +200,32 @@ class ServeLoop:
         self.listeners[request.id] = Listener(request, stream)
         self.outbox.append((stream, Event("accepted")))
 
-    def _abort(self, request_id: str) -> None:
+    def _abort(self, request_id: str, reason: str) -> None:
         listener = self.listeners.pop(request_id, None)
-        if self.engine.abort(request_id):  # it was queued or running: its seat and KV blocks are free now
-            self.stats.count("aborted")
+        if self.engine.abort(request_id, reason):  # it was queued or running: its seat and KV blocks are free now
+            self.stats.count(reason)
             if listener is not None and listener.request.admit_step is None:
                 self._ended_unseated()
         if listener is not None:
-            self.outbox.append((listener.stream, Event("done", detail="aborted")))
+            self.outbox.append((listener.stream, Event("done", detail=reason)))
 
     def _ask(self, question: Callable[[Engine], object], answer: Future) -> None:
         try:
             answer.set_result(question(self.engine))
         except Exception as e:  # noqa: BLE001 (the asker gets the error, the engine keeps serving)
             answer.set_exception(e)
+
+    def _snapshot(self, last_steps: int | None, since_step: int | None, answer: Future) -> None:
+        """Copies of what a trace needs, taken between two steps (serializing them is the asker's work)."""
+        steps = self.engine.records[-last_steps:] if last_steps else list(self.engine.records)
+        if since_step is not None:
+            steps = [s for s in steps if s.step > since_step]
+        first = steps[0].step if steps else self.engine.step_no
+        requests = [request_record(r) for r in self.engine.requests if not finished_before(r, first)]
+        answer.set_result((dict(self.config), requests, steps, first))  # step records never change once made
+
+    def _metrics(self, answer: Future) -> None:
+        answer.set_result(prometheus_text(self.stats, gauges(self.engine)))
 
     def _hand_out(self, record) -> None:
         """Give every request that made a token this step (or finished) its new tokens."""
@@ -199,7 +243,8 @@ class ServeLoop:
             new = request.output_ids[listener.sent :]
             due = listener.sent == 0 or len(new) >= self.stream_interval or request.is_finished
             if new and due:
-                self.outbox.append((listener.stream, Event("tokens", tokens=new)))
+                logprobs = request.output_logprobs[listener.sent : listener.sent + len(new)] or None
+                self.outbox.append((listener.stream, Event("tokens", tokens=new, logprobs=logprobs)))
                 listener.sent += len(new)
             if request.is_finished:
                 self.stats.count(request.finish_reason)
@@ -225,15 +270,6 @@ class ServeLoop:
             drop = {id(r) for r in gone[: len(gone) - self.keep_steps]}
             self.engine.requests = [r for r in self.engine.requests if id(r) not in drop]
             self.unseated = self.keep_steps
-
-    def _snapshot(self, last_steps: int | None, since_step: int | None):
-        """Copies of what a trace needs, taken between two steps (serializing them is the caller's work)."""
-        steps = self.engine.records[-last_steps:] if last_steps else list(self.engine.records)
-        if since_step is not None:
-            steps = [s for s in steps if s.step > since_step]
-        first = steps[0].step if steps else self.engine.step_no
-        requests = [request_record(r) for r in self.engine.requests if not finished_before(r, first)]
-        return dict(self.config), requests, steps, first  # step records are never changed once made: no copy needed
 
 
 def gauges(engine: Engine) -> dict[str, int]:

@@ -1,11 +1,15 @@
-"""Put it together: an engine, its loop on a thread (serve_loop.py), the HTTP app (openai_api.py), uvicorn.
+"""Put it together: an engine, its loop (on a thread: serve_loop.py, or in a process: engine_process.py), the
+HTTP app (openai_api.py), uvicorn.
 
-`python -m minillm serve` calls bind() and serve(); tests and notebooks use ServerThread, which runs the same
-server on a thread of the current process, on a free port of 127.0.0.1, for as long as a `with` lasts.
+`python -m minillm serve` calls bind() and serve(), with the engine in a process of its own; tests and notebooks
+use ServerThread, which runs the same server on a thread of the current process, on a free port of 127.0.0.1,
+for as long as a `with` lasts. Stopping: the first Ctrl-C or SIGTERM drains (no new requests, the replies in
+flight get --drain-s seconds to finish, then end with finish_reason "abort"), a second one stops at once.
 """
 
 from __future__ import annotations
 
+import asyncio
 import errno
 import socket
 import sys
@@ -20,16 +24,18 @@ from minillm.config import EngineConfig
 from minillm.engine.engine import Engine
 from minillm.engine.scheduler import DEFAULT_TOKEN_BUDGET, SCHEDULERS
 from minillm.errors import ConfigError
-from minillm.serving.openai_api import make_app
-from minillm.serving.serve_loop import ServeLoop
+from minillm.serving.engine_process import START_TIMEOUT_S, EngineProcess
+from minillm.serving.openai_api import MAX_BODY_BYTES, drain, make_app
+from minillm.serving.serve_loop import LoopHandle, ServeLoop
 
 LOOPBACK = "127.0.0.1"
-# Python runs one thread at a time (the GIL). When the HTTP thread holds it, the engine thread waits until the
-# HTTP thread blocks, or until this interval passes (default 5 ms, as long as one of the tiny model's steps).
+# Python runs one thread at a time (the GIL). With `--engine thread`, when the HTTP thread holds it, the engine
+# thread waits until the HTTP thread blocks, or until this interval passes (default 5 ms, a tiny model's step).
 # Measured on this project's 2-core machine, 200 chat users at once: before the engine thread batched its
 # deliveries (serve_loop.deliver), 0.5 ms served 1.2 to 1.5 times the tokens/s of 5 ms in 3 of 4 paired runs;
 # since, the two are within the noise. Kept: it bounds how long the HTTP side can hold a step up.
 GIL_SWITCH_S = 0.0005
+DRAIN_S = 10.0  # how long a stopping server lets the replies in flight finish (--drain-s)
 
 
 def build_loop(
@@ -45,19 +51,24 @@ def build_loop(
     keep_steps: int = 10_000,
     record_blocks: bool = True,
     stream_interval: int = 1,
-) -> ServeLoop:
-    """An engine for the model, wrapped in a ServeLoop (not started: the app starts it)."""
+    process: bool = False,
+) -> ServeLoop | EngineProcess:
+    """An engine for the model, wrapped in a ServeLoop on a thread of this process, or (process=True) in an
+    EngineProcess of its own (what `serve` runs). Not started: the app starts it."""
     if min(max_waiting, keep_steps, stream_interval) < 1:
         raise ConfigError(f"max_waiting, keep_steps and stream_interval must be at least 1, got {max_waiting}, "
                           f"{keep_steps} and {stream_interval}")  # fmt: skip
     cfg = EngineConfig(slots=slots, kv=kv, block_size=block_size, num_blocks=num_blocks,
                        prefix_caching=prefix_caching, record_blocks=record_blocks)  # fmt: skip
+    loop_args = {"max_waiting": max_waiting, "keep_steps": keep_steps, "stream_interval": stream_interval}
+    if process:
+        return EngineProcess(model, scheduler, token_budget, cfg, **loop_args)
     engine = Engine(model, SCHEDULERS[scheduler](token_budget=token_budget), cfg, meta={"workload": "live"})
-    return ServeLoop(engine, max_waiting=max_waiting, keep_steps=keep_steps, stream_interval=stream_interval)
+    return ServeLoop(engine, **loop_args)
 
 
-def app_for(loop: ServeLoop, model: str = "minillm"):
-    """The app, with the engine thread started when the server starts and stopped when it stops."""
+def app_for(loop: LoopHandle, model: str = "minillm", max_body_bytes: int = MAX_BODY_BYTES):
+    """The app, with the engine started when the server starts and stopped when it stops."""
 
     @asynccontextmanager
     async def lifespan(_):
@@ -66,9 +77,46 @@ def app_for(loop: ServeLoop, model: str = "minillm"):
         yield
         loop.stop()
 
-    app = make_app(loop, model)
+    app = make_app(loop, model, max_body_bytes)
     app.router.lifespan_context = lifespan
     return app
+
+
+class Server(uvicorn.Server):
+    """uvicorn's server, stopping gently: the first Ctrl-C or SIGTERM drains (openai_api.drain), a second stops the
+    replies still going at once. One line in the log, no traceback."""
+
+    def __init__(self, config: uvicorn.Config, loop: LoopHandle | None = None, drain_s: float = DRAIN_S):
+        """config.app: minillm's app (app_for), or any ASGI app (then `loop` is None: stopping is uvicorn's own)."""
+        super().__init__(config)
+        self.app, self.loop, self.drain_s = config.app, loop, drain_s
+        self.event_loop: asyncio.AbstractEventLoop | None = None
+        self.draining: asyncio.Task | None = None
+
+    async def startup(self, sockets=None) -> None:
+        self.event_loop, self.stop_now = asyncio.get_running_loop(), asyncio.Event()
+        await super().startup(sockets)
+
+    def handle_exit(self, sig, frame) -> None:
+        """(The signal handler, on the main thread: the event loop's, so it only schedules the work.)"""
+        if self.event_loop is None or self.loop is None:
+            self.should_exit = True
+        else:
+            self.event_loop.call_soon_threadsafe(self.begin_stop)
+
+    def begin_stop(self) -> None:
+        if self.draining is None:
+            self.draining = asyncio.ensure_future(self.drain_and_exit())
+        else:
+            self.stop_now.set()
+
+    async def drain_and_exit(self) -> None:
+        busy = len(self.app.state.in_flight)
+        news = f"{busy} repl{'y' if busy == 1 else 'ies'} in flight get up to {self.drain_s:g} s to finish (Ctrl-C "
+        news = news + "again: end them now)" if busy else "no replies in flight"
+        print(f"minillm: stopping; {news}", file=sys.stderr, flush=True)
+        await drain(self.app, self.loop, self.drain_s, self.stop_now)
+        self.should_exit = True
 
 
 def bind(host: str = LOOPBACK, port: int = 8000) -> socket.socket:
@@ -86,22 +134,24 @@ def bind(host: str = LOOPBACK, port: int = 8000) -> socket.socket:
     return sock
 
 
-def serve(loop: ServeLoop, sock: socket.socket, model: str = "minillm") -> None:
-    """Serve on a bound socket until Ctrl-C."""
+def serve(loop: LoopHandle, sock: socket.socket, model: str = "minillm", drain_s: float = DRAIN_S,
+          max_body_bytes: int = MAX_BODY_BYTES) -> None:  # fmt: skip
+    """Serve on a bound socket until Ctrl-C or SIGTERM (then drain: see Server)."""
     sys.setswitchinterval(GIL_SWITCH_S)  # (process-wide: only the server's own process sets it)
-    config = uvicorn.Config(app_for(loop, model), log_level="warning", timeout_graceful_shutdown=2)
-    uvicorn.Server(config).run(sockets=[sock])
+    config = uvicorn.Config(app_for(loop, model, max_body_bytes), log_level="warning", timeout_graceful_shutdown=2)
+    Server(config, loop, drain_s).run(sockets=[sock])
 
 
 class ServerThread:
     """with ServerThread(loop) as server: ... (or server.start() ... server.stop()); server.url is e.g.
     http://127.0.0.1:54321/v1, server.base the same without /v1 (for /health, /metrics, /trace)."""
 
-    def __init__(self, loop: ServeLoop | None, model: str = "minillm", host: str = LOOPBACK, port: int = 0, app=None):
+    def __init__(self, loop: LoopHandle | None, model: str = "minillm", host: str = LOOPBACK, port: int = 0, app=None,
+                 max_body_bytes: int = MAX_BODY_BYTES):  # fmt: skip
         """Serves `loop` (or any ASGI `app`: a test's stand-in for another server)."""
         self.loop, self.sock = loop, bind(host, port)  # port 0: a free one, and this socket keeps it ours
-        config = uvicorn.Config(app or app_for(loop, model), log_level="warning", timeout_graceful_shutdown=2)
-        self.server = uvicorn.Server(config)
+        app = app or app_for(loop, model, max_body_bytes)
+        self.server = Server(uvicorn.Config(app, log_level="warning", timeout_graceful_shutdown=2), loop)
         self.thread = threading.Thread(target=self.server.run, kwargs={"sockets": [self.sock]}, daemon=True)
         host, port = self.sock.getsockname()
         self.base = f"http://{host}:{port}"
@@ -115,7 +165,7 @@ class ServerThread:
 
     def start(self) -> ServerThread:
         self.thread.start()
-        deadline = time.monotonic() + 30
+        deadline = time.monotonic() + START_TIMEOUT_S  # (an engine process imports torch and loads the model first)
         while not self.server.started:
             if not self.thread.is_alive() or time.monotonic() > deadline:
                 raise RuntimeError("the server did not start")

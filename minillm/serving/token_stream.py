@@ -26,8 +26,11 @@ class Event:
 
     kind: str  # "accepted" | "refused" | "tokens" | "done"
     tokens: list[int] = field(default_factory=list)  # tokens: the new ones, in order
-    detail: str = ""  # refused: why; done: the finish reason ("eos", "length", "aborted", "error: ...")
+    detail: str = (
+        ""  # refused: why; done: the finish reason ("eos", "length", "aborted", "stop", "abort", "error: ...")
+    )
     status: int = 0  # refused: the HTTP status it deserves (400: can never be served, 429: queue full)
+    logprobs: list[tuple] | None = None  # tokens, when asked: (logprob, top ids, top logprobs) for each token
 
 
 class TokenStream:
@@ -71,9 +74,10 @@ class AsyncTokenStream:
         return events
 
 
-def deliver(outbox: list[tuple[TokenStream | AsyncTokenStream, Event]]) -> None:
+def deliver(outbox: list[tuple[TokenStream | AsyncTokenStream, Event]], here=None) -> None:
     """Hand one step's events to their streams, waking each event loop once, not once per event: every wake-up
-    is a system call, during which the HTTP thread may take Python's interpreter lock (the GIL) from the engine."""
+    is a system call, during which the HTTP thread may take Python's interpreter lock (the GIL) from the engine.
+    here: the event loop this runs on, if any: its streams get their events directly."""
     by_loop: dict[asyncio.AbstractEventLoop, list] = {}
     for stream, event in outbox:
         if isinstance(stream, AsyncTokenStream):
@@ -82,7 +86,7 @@ def deliver(outbox: list[tuple[TokenStream | AsyncTokenStream, Event]]) -> None:
             stream.put(event)
     for loop, items in by_loop.items():
         try:
-            loop.call_soon_threadsafe(put_each, items)
+            put_each(items) if loop is here else loop.call_soon_threadsafe(put_each, items)
         except RuntimeError:  # the event loop has closed (the server is shutting down): nobody is listening
             pass
 

@@ -170,6 +170,17 @@ def crowd(n: int = 10, seed: int = 0) -> list[Request]:
     ]
 
 
+def exact_crowd() -> list[Request]:
+    """(Lessons 3 and 4.) A pool of 10 blocks of 4 tokens that the prompts fill exactly: e0 needs 4 blocks and e1
+    the 6 left (one batch); e2 needs all 10 (a batch of its own); then e3. Two-token replies stay in their prompts'
+    last block."""
+    shape = [(15, 2), (23, 2), (39, 2), (3, 3)]  # (prompt tokens, reply tokens)
+    return [
+        Request(f"e{i}", [257] + [(3 * i + j) % 256 for j in range(n - 1)], reply, ignore_eos=True)
+        for i, (n, reply) in enumerate(shape)
+    ]
+
+
 @functools.cache
 def expected_reply(model: Transformer, prompt_ids: tuple[int, ...], max_new_tokens: int, ignore_eos: bool) -> list[int]:
     """The plain no-cache loop's reply: what any batching must reproduce token for token (memoized)."""

@@ -11,6 +11,12 @@ a no-op: notebooks are always collected).
 Importing every other test module (streamlit, hypothesis, the app) and reading the notebooks is what made
 one lesson's checks take 8 s on 2 cores; a student runs them many times. For the same reason hypothesis's
 pytest plugin is dropped from a run whose tests never imported hypothesis (see pytest_collection_finish).
+
+A failing check, under `-m lessonNN`, says what is wrong first: its diagnosis, then one line of context (the test,
+the line of your code that raised, how to see the whole traceback), with no progress dots, header or traceback
+before it; a second failing check gets one line. The whole output of a failing check stays within 15 lines.
+`--tb=long` (or any --tb) gives pytest's usual report, and a run that is not `-m lessonNN` (the full suite)
+keeps it too: its failures are for whoever develops the checks.
 """
 
 from __future__ import annotations
@@ -18,6 +24,10 @@ from __future__ import annotations
 import re
 import sys
 from pathlib import Path
+
+import pytest
+
+BRIEF_LINES = 10  # the most lines of a failing check's diagnosis shown (the rest: --tb=long)
 
 LESSON_EXPR = re.compile(r"\s*\(?\s*lesson(\d\d)(\s+or\s+lesson(\d\d))*\s*\)?\s*")
 
@@ -38,8 +48,104 @@ def pytest_addoption(parser):
     group.addoption("--nbmake-find-import-errors", action="store_true", default=False, help="report import errors only")
 
 
+BRIEF = pytest.StashKey[bool]()
+
+
+def brief(config) -> bool:
+    """Failures told briefly: a run of lesson checks only (`-m lessonNN`) with pytest's default --tb (decided once,
+    when pytest starts: pytest_configure then switches pytest's own failure report off)."""
+    if BRIEF not in config.stash:
+        config.stash[BRIEF] = lessons_selected(config) is not None and config.option.tbstyle == "auto"
+    return config.stash[BRIEF]
+
+
+@pytest.hookimpl(trylast=True)  # after the terminal reporter exists
 def pytest_configure(config):
     config.option.overwrite = False  # nbmake can write outputs back into the notebooks: never here
+    reporter = config.pluginmanager.get_plugin("terminalreporter")
+    if not brief(config) or reporter is None:
+        return
+    if config.option.verbose == 0:  # no header (a -v still lists every test)
+        config.option.verbose = -1
+    config.option.tbstyle = "no"  # pytest's own failure section: the diagnosis is printed below instead
+    reporter.reportchars = ""  # no short summary or warnings: the lesson summary says where each lesson stands
+    reporter._show_progress_info = False  # no "[100%]"
+
+
+@pytest.hookimpl(wrapper=True)
+def pytest_report_teststatus(report, config):
+    """No progress dots in a brief run: the output starts with what is wrong."""
+    result = yield
+    if brief(config) and config.option.verbose < 0 and result:
+        category, _, word = result
+        return category, "", word
+    return result
+
+
+@pytest.hookimpl(wrapper=True)
+def pytest_runtest_makereport(item, call):
+    report = yield
+    if report.failed and call.excinfo is not None and brief(item.config):
+        report.longrepr = brief_failure(item, call.excinfo)
+    return report
+
+
+def brief_failure(item, excinfo) -> str:
+    """A failing check in a few lines: its diagnosis first, then where (your code's line if it raised there)."""
+    error = excinfo.value
+    if isinstance(error, pytest.fail.Exception):
+        message = error.msg
+    elif isinstance(error, AssertionError):
+        message = str(error).split("\nassert ")[0]  # the check's own words, not pytest's rewritten expression
+    else:
+        message = f"your code raised {type(error).__name__}: {error}"
+    lines = message.strip().splitlines() or [type(error).__name__]
+    if len(lines) > BRIEF_LINES:
+        lines = lines[: BRIEF_LINES - 1] + [f"  ... ({len(lines) - BRIEF_LINES + 1} more lines: --tb=long)"]
+    return "\n".join(lines + [f"  ({context(item, excinfo)})"])
+
+
+def context(item, excinfo) -> str:
+    """The test, the line that raised (in your exercise file when it did) and how to see everything."""
+    from tests.lessons.harness import exercises_dir
+
+    yours, root = exercises_dir(), Path(str(item.config.rootpath))
+    where = ""
+    for entry in excinfo.traceback:
+        path = Path(str(entry.path))
+        if yours is not None and path.parent == yours:
+            statement = str(entry.statement).strip().splitlines()[0] if entry.statement else ""
+            where = f"your {path.name}, line {entry.lineno + 1}: {statement}"
+    ours = [entry for entry in excinfo.traceback if "_pytest" not in Path(str(entry.path)).parts]  # not pytest.fail
+    if not where and ours:
+        last = ours[-1]
+        try:
+            shown = Path(str(last.path)).relative_to(root)
+        except ValueError:
+            shown = Path(str(last.path)).name
+        where = f"{shown}, line {last.lineno + 1}"
+    expr = item.config.getoption("markexpr")
+    return f"{item.name} · {where} · everything: pytest -m {expr} --tb=long"
+
+
+@pytest.hookimpl(tryfirst=True)  # before the lesson summary (tests/conftest.py)
+def pytest_terminal_summary(terminalreporter, config):
+    """A brief run's failures: the first one whole, each other in one line."""
+    if not brief(config):
+        return
+    failures = [r for kind in ("error", "failed") for r in terminalreporter.stats.get(kind, []) if r.longrepr]
+    for n, report in enumerate(failures):
+        # ours (a string) from pytest_runtest_makereport; any other (a collection error): its last lines
+        lines = str(report.longrepr).splitlines()[-BRIEF_LINES - 1 :]
+        if n == 0:
+            for line in lines:
+                terminalreporter.write_line(line)
+        elif n < 3:
+            name = report.nodeid.split("::")[-1]
+            terminalreporter.write_line(f"also failing, {name}: {lines[0][:160]}")
+        else:
+            terminalreporter.write_line(f"and {len(failures) - 3} more failing")
+            break
 
 
 def pytest_collection_finish(session):

@@ -2,6 +2,9 @@
 
 Your generate_batch must give every row exactly the reply the plain one-prompt loop gives (token for
 token), with ONE model call per step for all unfinished rows, and no call once every row is done.
+
+WRONG (below) lists the mistakes a room makes, each caught with its hint first; CORRECT, loops written
+differently that must pass.
 """
 
 from __future__ import annotations
@@ -19,25 +22,34 @@ lesson = pytest.mark.lesson01  # your code's checks: pytest -m lesson01
 
 
 # --- the loop written out, with switches for the mistakes students make --------------------------
-def make_batch_loop(pad="right", read="last-real", stop="per-row", keep_eos=False, extra=0, until_budget=False):
-    """A batched greedy loop. The defaults are right; each switch is one plausible mistake (see WRONG)."""
+def make_batch_loop(
+    pad="right", read="last-real", stop="per-row", keep_eos=False, extra=0, until_budget=False, limit="reply",
+    by_prompt=False, compact=False, old_index=False,
+):  # fmt: skip
+    """A batched greedy loop. The defaults are right; each switch is one plausible mistake (see WRONG), except
+    compact=True: finished rows leave the rectangle (right too, written differently)."""
 
     @torch.no_grad()
     def generate_batch(model, prompts, max_new_tokens):
         rows, replies = [list(p) for p in prompts], [[] for _ in prompts]
+        if by_prompt:  # each reply found by its prompt (wrong: two users may send the same prompt)
+            mine = {tuple(p): [] for p in prompts}
+            replies = [mine[tuple(p)] for p in prompts]
         done = [False] * len(prompts)
         for _ in range(max_new_tokens + extra):
             if all(done) and not until_budget:
                 break
-            width = max(len(row) for row in rows)
-            fill = [[PAD] * (width - len(row)) for row in rows]
-            batch = [row + f if pad == "right" else f + row for row, f in zip(rows, fill)]
-            logits = model(torch.tensor(batch))  # (B, T, vocab)
-            for b, row in enumerate(rows):
+            active = [b for b in range(len(rows)) if not done[b]] if compact or old_index else list(range(len(rows)))
+            width = max(len(rows[b]) for b in active) if active else max(len(row) for row in rows)
+            fill = {b: [PAD] * (width - len(rows[b])) for b in active}
+            batch = [rows[b] + fill[b] if pad == "right" else fill[b] + rows[b] for b in active]
+            logits = model(torch.tensor(batch))  # (B, T, vocab): the rows in `active`, in that order
+            for i, b in enumerate(active):
                 if done[b]:
                     continue
+                row = rows[b]
                 at = len(row) - 1 if read == "last-real" and pad == "right" else -1
-                token = logits[b, at].argmax().item()
+                token = logits[b if old_index else i, at].argmax().item()  # old_index: the row's place before (wrong)
                 if token == EOS:
                     if keep_eos:
                         replies[b].append(token)
@@ -47,7 +59,8 @@ def make_batch_loop(pad="right", read="last-real", stop="per-row", keep_eos=Fals
                     continue
                 replies[b].append(token)
                 row.append(token)
-                done[b] = done[b] or len(replies[b]) >= max_new_tokens + extra
+                cap = max_new_tokens + extra if limit == "reply" else max_new_tokens - len(prompts[b])
+                done[b] = done[b] or len(replies[b]) >= cap  # limit="sequence": the prompt counted in (wrong)
         return replies
 
     return generate_batch
@@ -91,6 +104,24 @@ WRONG = {
         one_at_a_time,
         "each prompt ran its own loop: stack the unfinished rows into ONE (B, T) call per step",
     ),
+    "counts-the-prompt-in-the-limit": (
+        make_batch_loop(limit="sequence"),
+        "a row stopped before max_new_tokens NEW tokens: the limit counts the reply only, not the prompt",
+    ),
+    "finds-a-reply-by-its-prompt": (
+        make_batch_loop(by_prompt=True),
+        "two users sent the same prompt and their replies got mixed: keep one reply per ROW (its index), "
+        "not one per prompt text",
+    ),
+    "drops-finished-rows-but-reads-by-the-old-index": (
+        make_batch_loop(old_index=True),
+        "once a row finished and left the rectangle, the rows after it moved up one place, but you read the "
+        "scores at each row's old index: read the logits at the row's place in THIS step's rectangle",
+    ),
+}
+CORRECT = {  # right, written differently: the checks must pass them
+    "keeps-finished-rows-in-the-rectangle": reference,
+    "drops-finished-rows-from-the-rectangle": make_batch_loop(compact=True),
 }
 
 
@@ -183,8 +214,7 @@ def diagnose(model, prompts, max_new_tokens, got: list[list[int]], expected) -> 
     lines.append(f"got      {mine}  ({decode(mine)!r})")
     for name, (_, implies) in WRONG.items():
         if wrong_replies(name, model, tuple(map(tuple, prompts)), max_new_tokens) == got:
-            lines.append(f"hint: {implies}")
-            break
+            return f"hint: {implies}\n  " + "\n  ".join(lines)  # the likely mistake first
     return "\n  ".join(lines)
 
 
@@ -201,9 +231,11 @@ def check_batch(generate_batch, model, texts_or_ids, max_new_tokens: int, label:
     assert given == prompts, "generate_batch changed the prompt lists it was given: build new lists instead"
     expected = expected_replies(model, tuple(map(tuple, prompts)), max_new_tokens)
     if got != [e.tokens for e in expected]:
-        raise AssertionError(
-            f"{label}, max_new_tokens={max_new_tokens}:\n  " + diagnose(model, prompts, max_new_tokens, got, expected)
-        )
+        why = diagnose(model, prompts, max_new_tokens, got, expected)
+        if why.startswith("hint:"):  # the hint leads, then the case
+            hint, rest = why.split("\n", 1)
+            raise AssertionError(f"{hint}\n{label}, max_new_tokens={max_new_tokens}:\n{rest}")
+        raise AssertionError(f"{label}, max_new_tokens={max_new_tokens}:\n  {why}")
     steps = max(len(e.tokens) + (e.finish_reason == "eos") for e in expected)  # an EOS takes a step too
     calls = counting.calls
     assert len(calls) <= steps, (
@@ -219,6 +251,9 @@ def check_shipped_model(generate_batch) -> None:
     check_batch(generate_batch, shipped_model(), prompts, 12, "shipped model, four prompts")
     check_batch(generate_batch, shipped_model(), ["spell 31", "count down from 9"], 1, "one token each")
     check_batch(generate_batch, shipped_model(), ["count down from 3"], 12, "a batch of one")
+    # two users with the same prompt, and a row that finishes early between longer ones
+    same = ["count down from 9", "spell 42", "count down from 9", "count down from 20"]
+    check_batch(generate_batch, shipped_model(), same, 16, "two users, the same prompt")
 
 
 def check_random_model(generate_batch) -> None:
@@ -254,20 +289,29 @@ def test_the_right_padding_is_exact():
 
 
 @CHECKS
+@pytest.mark.parametrize("right", CORRECT.values(), ids=CORRECT.keys())
+def test_a_correct_version_passes(right):
+    check_all(right)
+
+
+@CHECKS
 @pytest.mark.parametrize("wrong", [w for w, _ in WRONG.values()], ids=WRONG.keys())
 def test_the_checks_catch_a_wrong_loop(wrong):
-    with pytest.raises(AssertionError):
+    with pytest.raises(Exception) as failure:  # a wrong reply, or a crash in the wrong code (an IndexError)
         check_all(wrong)
+    assert isinstance(failure.value, (AssertionError, IndexError)), failure.value
 
 
 @CHECKS
 @pytest.mark.parametrize("name", WRONG.keys())
 def test_each_mistake_gets_its_own_hint(name):
     wrong, implies = WRONG[name]
-    with pytest.raises(AssertionError) as failure:
+    with pytest.raises(Exception) as failure:
         check_all(wrong)
+    if isinstance(failure.value, IndexError):  # it crashed (the row it read is not there): the crash says where
+        return
     if name not in ("one-prompt-at-a-time", "runs-to-the-budget"):  # right tokens: the call count says why
-        assert implies in str(failure.value)
+        assert str(failure.value).startswith(f"hint: {implies}")  # the hint comes first
 
 
 @CHECKS

@@ -2,6 +2,9 @@
 
 Your append_kv and cached_attention, plugged into the real model through SimpleKVCache, must give
 the same logits and tokens as the model without a cache.
+
+WRONG and KNOWN_MISTAKES (below) list the mistakes a room makes, each caught; CORRECT, attention written
+differently (expand, a -1e9 fill, a mask aligned to the cache's end, torch's sdpa) that must pass.
 """
 
 from __future__ import annotations
@@ -35,27 +38,33 @@ def kv(request):
 
 
 # --- plausible mistakes (the checks must catch each one) -----------------------------------------
-def make_attention(mask="positions", scale=True, gqa="repeat_interleave"):
-    """Attention written out by hand, optionally with one mistake."""
+def make_attention(mask="positions", scale=True, gqa="repeat_interleave", softmax_dim=-1, fill=float("-inf")):
+    """Attention written out by hand, optionally with one mistake (or written differently, see CORRECT)."""
 
     def attention(q, k, v, q_positions):
         T, H, D = q.shape[1:]
-        S, group = k.shape[1], H // k.shape[2]
+        S, Hkv = k.shape[1], k.shape[2]
+        group = H // Hkv
         if gqa == "repeat_interleave":  # kv head j serves query heads j*group .. (j+1)*group - 1
             k, v = k.repeat_interleave(group, dim=2), v.repeat_interleave(group, dim=2)
+        elif gqa == "expand":  # the same, without a copy: (1, S, Hkv, group, D) viewed as (1, S, H, D)
+            k, v = (x[:, :, :, None].expand(-1, -1, -1, group, -1).reshape(1, S, H, D) for x in (k, v))
         else:  # tiles the kv heads: query head i reads kv head i % Hkv (wrong)
             k, v = k.repeat(1, 1, group, 1), v.repeat(1, 1, group, 1)
         scores = torch.einsum("bthd,bshd->bhts", q, k)  # (1, H, T, S)
-        if scale:
+        if scale == "head_dim":  # by d, not by its square root (wrong)
+            scores = scores / D
+        elif scale:
             scores = scores / math.sqrt(D)
         keys, pos = torch.arange(S), q_positions[0][:, None]  # (S,), (T, 1)
         visible = {
             "positions": keys <= pos,
             "strict": keys < pos,
             "top-left": torch.ones(T, S, dtype=torch.bool).tril(),  # as if the queries started at position 0
+            "bottom-right": torch.ones(T, S, dtype=torch.bool).tril(S - T),  # the new tokens are the cache's last
             "none": torch.ones(T, S, dtype=torch.bool),
         }[mask]
-        probs = scores.masked_fill(~visible, float("-inf")).softmax(dim=-1)
+        probs = scores.masked_fill(~visible, fill).softmax(dim=softmax_dim)
         return torch.einsum("bhts,bshd->bthd", probs, v)
 
     return attention
@@ -65,9 +74,32 @@ def prepend(cached, new):
     return new if cached is None else torch.cat([new, cached], dim=1)
 
 
+def on_the_heads(cached, new):  # concatenates along the kv heads, not the tokens (wrong)
+    return new if cached is None else torch.cat([cached, new], dim=2)
+
+
+def forgets_the_cache(cached, new):  # keeps only this step's keys (wrong)
+    return new
+
+
+def sdpa_attention(q, k, v, q_positions):
+    """Right, with torch's own attention and a boolean mask (True: may attend)."""
+    group = q.shape[2] // k.shape[2]
+    k, v = k.repeat_interleave(group, dim=2), v.repeat_interleave(group, dim=2)
+    visible = torch.arange(k.shape[1]) <= q_positions[0][:, None]  # (T, S)
+    out = torch.nn.functional.scaled_dot_product_attention(
+        q.transpose(1, 2), k.transpose(1, 2), v.transpose(1, 2), attn_mask=visible
+    )  # (1, H, T, D)
+    return out.transpose(1, 2)
+
+
 KNOWN_MISTAKES = {
     "there is no causal mask: a query sees keys after its own position": make_attention(mask="none"),
     "the scores are not divided by sqrt(head_dim)": make_attention(scale=False),
+    "the scores are divided by head_dim: divide by its square root": make_attention(scale="head_dim"),
+    "the softmax runs over the queries (dim -2): each query's weights over the keys must sum to 1, dim=-1": (
+        make_attention(softmax_dim=-2)
+    ),
     "a query may not see its own key: use <=, not <": make_attention(mask="strict"),
     "the mask ignores q_positions (it assumes the queries start at position 0)": make_attention(mask="top-left"),
     "query head i reads kv head i % n_kv_heads: use repeat_interleave, not repeat": make_attention(gqa="repeat"),
@@ -80,7 +112,13 @@ def check_append(append) -> None:
     first, second = torch.randn(1, 3, 2, 4), torch.randn(1, 1, 2, 4)  # (1, T, n_kv_heads, head_dim)
     cached = append(None, first)
     assert torch.equal(cached, first), "append_kv(None, new) must return the new keys (nothing was cached)"
-    both = append(cached, second)
+    try:
+        both = append(cached, second)
+    except RuntimeError as e:  # e.g. torch.cat along another dim than the tokens'
+        raise AssertionError(
+            f"append_kv(cached (1, 3, 2, 4), new (1, 1, 2, 4)) raised {e}: the tokens are dim 1, "
+            "(1, tokens, kv heads, head_dim)"
+        ) from None
     assert both.shape == (1, 4, 2, 4), f"appending 1 token to 3 must give shape (1, 4, 2, 4), got {tuple(both.shape)}"
     assert torch.equal(both, torch.cat([first, second], dim=1)), "the new keys must come after the cached ones"
 
@@ -175,13 +213,25 @@ def test_the_model_with_your_cache_equals_the_model_without(kv):
 
 
 # --- the checks catch plausible mistakes --------------------------------------------------------
+CORRECT = {  # right, written differently: the checks must pass them
+    "einsum": make_attention(),
+    "expand-not-repeat_interleave": make_attention(gqa="expand"),
+    "a-large-negative-fill": make_attention(fill=-1e9),
+    "mask-aligned-to-the-cache-end": make_attention(mask="bottom-right"),
+    "torch-sdpa": sdpa_attention,
+}
+
+
 @CHECKS
-def test_a_correct_version_passes():
-    check_all(SimpleNamespace(append=reference_append, attention=make_attention()))
+@pytest.mark.parametrize("attention", CORRECT.values(), ids=CORRECT.keys())
+def test_a_correct_version_passes(attention):
+    check_all(SimpleNamespace(append=reference_append, attention=attention))
 
 
 WRONG = {
     "prepends": SimpleNamespace(append=prepend, attention=make_attention()),
+    "appends-on-the-heads-dim": SimpleNamespace(append=on_the_heads, attention=make_attention()),
+    "forgets-the-cache": SimpleNamespace(append=forgets_the_cache, attention=make_attention()),
     **{
         name: SimpleNamespace(append=reference_append, attention=make_attention(**kwargs))
         for name, kwargs in {
@@ -190,6 +240,8 @@ WRONG = {
             "strict-mask": dict(mask="strict"),
             "ignores-positions": dict(mask="top-left"),
             "gqa-repeat": dict(gqa="repeat"),
+            "divides-by-head-dim": dict(scale="head_dim"),
+            "softmax-over-the-queries": dict(softmax_dim=-2),
         }.items()
     },
 }
@@ -205,8 +257,8 @@ def test_the_checks_catch_a_wrong_cache(wrong):
 @CHECKS
 @pytest.mark.parametrize("wrong", WRONG.values(), ids=WRONG.keys())
 def test_a_wrong_cache_changes_what_the_model_says(wrong):
-    """Not just the unit checks: each mistake also shows in the real model's logits (GQA included)."""
-    with pytest.raises(AssertionError):
+    """Not just the unit checks: each mistake also shows in the real model's logits (GQA included), or crashes it."""
+    with pytest.raises((AssertionError, RuntimeError)):
         check_in_the_model(wrong.append, wrong.attention)
 
 

@@ -3,6 +3,9 @@
 Your scheduler runs inside the real engine. A referee looks at every decision it makes:
 while any member of the batch still runs, nobody joins; once all have finished, the next batch
 is the head of the queue, in order, as many as fit.
+
+WRONG (below) lists the mistakes a room makes, each caught (a prompt that fills the free blocks exactly
+included); StaticBySums, a policy written differently that must pass.
 """
 
 from __future__ import annotations
@@ -21,6 +24,7 @@ from tests.lessons.harness import (
     assert_served_everyone,
     assert_writes_its_own_policy,
     crowd,
+    exact_crowd,
     implementations,
     run_seed_story,
     serve,
@@ -82,6 +86,14 @@ def check_memory(scheduler_cls) -> None:
     assert_served_everyone(engine, requests)
 
 
+def check_exact_fit(scheduler_cls) -> None:
+    """A prompt that needs exactly the blocks still free fits: it boards."""
+    requests = exact_crowd()
+    referee = Referee(scheduler_cls(), judge_static)
+    engine = serve(small_model("gqa"), referee, requests, slots=4, kv="paged", block_size=4, num_blocks=10)
+    assert_served_everyone(engine, requests)
+
+
 def check_seed_story(scheduler_cls) -> None:
     story = run_seed_story(scheduler_cls(), judge_static)
     batch = SEED_STORY[:SEED_STORY_SLOTS]  # the story's first users fill the seats; the rest board together
@@ -98,6 +110,7 @@ def check_all(scheduler_cls) -> None:
     check_crowd(scheduler_cls, "contiguous")
     check_crowd(scheduler_cls, "paged")
     check_memory(scheduler_cls)
+    check_exact_fit(scheduler_cls)
     check_seed_story(scheduler_cls)
 
 
@@ -108,6 +121,10 @@ def test_a_crowd_is_served_exactly_and_nobody_joins_a_running_batch(scheduler_cl
 
 def test_when_memory_is_short_the_head_of_the_queue_boards_first(scheduler_cls):
     check_memory(scheduler_cls)
+
+
+def test_a_prompt_that_fills_the_free_blocks_exactly_boards(scheduler_cls):
+    check_exact_fit(scheduler_cls)
 
 
 def test_the_seed_story_makes_everyone_wait_for_B(scheduler_cls):
@@ -121,9 +138,12 @@ class Static:
     name = "static-variant"
     holds_finished_seats = True
 
-    def __init__(self, joins=False, batch_size=None, shortest_first=False, needs_empty_seats=False, kv="counted"):
+    def __init__(
+        self, joins=False, batch_size=None, shortest_first=False, needs_empty_seats=False, kv="counted",
+        empty_seats_only=False,
+    ):  # fmt: skip
         self.joins, self.batch_size, self.shortest_first = joins, batch_size, shortest_first
-        self.needs_empty_seats, self.kv = needs_empty_seats, kv
+        self.needs_empty_seats, self.kv, self.empty_seats_only = needs_empty_seats, kv, empty_seats_only
 
     def schedule(self, waiting: list[Request], seats: list[Request | None], kv: KVSpace) -> Plan:
         busy = [r for r in seats if r is not None and (self.needs_empty_seats or not r.is_finished)]
@@ -131,10 +151,13 @@ class Static:
             return Plan()
         queue = sorted(waiting, key=lambda r: r.max_new_tokens) if self.shortest_first else waiting
         admit, free = [], kv.free_blocks
+        seats_free = seats.count(None) if self.empty_seats_only else len(seats) - len(busy)  # held seats too
         for r in queue:
-            if len(admit) == (self.batch_size or len(seats) - len(busy)):
+            if len(admit) == (self.batch_size or seats_free):
                 break
             cost = kv.blocks_to_admit(r.tokens_in_cache_after_prefill)
+            if self.kv == "strict" and cost >= free:  # a prompt that fills the free blocks exactly waits (wrong)
+                break
             if cost > free and self.kv != "ignored":
                 if self.kv == "skips-the-head":
                     continue  # a smaller request behind it boards first (wrong)
@@ -153,12 +176,40 @@ WRONG = {
     "ignores-kv-blocks": dict(kv="ignored"),
     "smaller-jumps-a-head-that-does-not-fit": dict(kv="skips-the-head"),
     "never-subtracts-earlier-admissions": dict(kv="never-subtracted"),
+    "refuses-a-prompt-that-fits-exactly": dict(kv="strict"),
+    "counts-only-empty-seats-so-held-ones-never-free-up": dict(empty_seats_only=True),
 }
 
 
+class StaticBySums:
+    """Right, written differently: the batch is the longest head of the queue whose blocks add up to what is free."""
+
+    name, holds_finished_seats = "static-by-sums", True
+
+    def schedule(self, waiting, seats, kv):
+        if any(r is not None and not r.is_finished for r in seats):
+            return Plan()
+        batch = []
+        for r in waiting[: len(seats)]:
+            if sum(kv.blocks_to_admit(x.tokens_in_cache_after_prefill) for x in [*batch, r]) > kv.free_blocks:
+                break
+            batch.append(r)
+        return Plan(admit=batch)
+
+
 @CHECKS
-def test_a_correct_version_passes():
-    check_all(Static)
+@pytest.mark.parametrize("right", [Static, StaticBySums], ids=["written-out", "by-sums"])
+def test_a_correct_version_passes(right):
+    check_all(right)
+
+
+@CHECKS
+def test_the_exact_crowd_fills_the_pool_exactly():
+    referee = Referee(StaticScheduler(), judge_static)
+    serve(small_model("gqa"), referee, exact_crowd(), slots=4, kv="paged", block_size=4, num_blocks=10)
+    first, second = [d for d in referee.decisions if d.admit][:2]
+    assert first.admit == ["e0", "e1"] and first.cost["e0"] + first.cost["e1"] == first.free_blocks == 10
+    assert second.admit == ["e2"] and second.cost["e2"] == second.free_blocks == 10
 
 
 @CHECKS

@@ -3,6 +3,9 @@
 Your scheduler runs inside the real engine. A referee looks at every decision it makes: when the
 running requests cannot all grow, the newest are preempted (and only as many as needed); then free
 seats go to the head of the queue, in order, while the prompts fit; no seat idles while the head fits.
+
+WRONG (below) lists the mistakes a room makes, each caught (blocks that suffice exactly, for a prompt and
+for growth, included); ContinuousNewestFirst, a policy written differently that must pass.
 """
 
 from __future__ import annotations
@@ -25,6 +28,7 @@ from tests.lessons.harness import (
     assert_writes_its_own_policy,
     blocks,
     crowd,
+    exact_crowd,
     implementations,
     run_seed_story,
     serve,
@@ -103,6 +107,20 @@ def check_two_victims(scheduler_cls) -> Referee:
     return referee
 
 
+def exact_growth() -> list[Request]:
+    """A pool of 4 blocks of 4: g0 and g1 (one full block each) board at step 0; at step 1 each needs a second
+    block to grow, and exactly 2 are free: nobody is preempted. Later they need more than the pool: g1 goes."""
+    return [Request(f"g{i}", [257] + [(9 * i + j) % 256 for j in range(3)], 6, ignore_eos=True) for i in range(2)]
+
+
+def check_exact_fits(scheduler_cls) -> None:
+    """Blocks that suffice exactly are enough: for a newcomer's prompt, and for the running requests' growth."""
+    for requests, pool in ((exact_crowd(), 10), (exact_growth(), 4)):
+        referee = Referee(scheduler_cls(), judge_continuous)
+        engine = serve(small_model("gqa"), referee, requests, slots=4, kv="paged", block_size=4, num_blocks=pool)
+        assert_served_everyone(engine, requests)
+
+
 def check_seed_story(scheduler_cls) -> None:
     """Worked out on paper from the story's reply lengths: the head of the queue takes a seat the step after
     its user's reply ends (every reply here takes one step per token, its EOS included)."""
@@ -122,6 +140,7 @@ def check_all(scheduler_cls) -> None:
     check_crowd(scheduler_cls, "paged")
     check_preemption(scheduler_cls)
     check_two_victims(scheduler_cls)
+    check_exact_fits(scheduler_cls)
     check_seed_story(scheduler_cls)
 
 
@@ -138,6 +157,10 @@ def test_one_step_can_need_two_victims(scheduler_cls):
     check_two_victims(scheduler_cls)
 
 
+def test_blocks_that_suffice_exactly_are_enough(scheduler_cls):
+    check_exact_fits(scheduler_cls)
+
+
 def test_the_seed_story_fills_each_seat_the_step_after_it_frees(scheduler_cls):
     check_seed_story(scheduler_cls)
 
@@ -150,20 +173,26 @@ class Continuous:
     holds_finished_seats = False
 
     def __init__(
-        self, victim=-1, preempts=True, counts_growth=True, jumps_queue=False, per_step=None, waits=False, victims=None
-    ):
+        self, victim=-1, preempts=True, counts_growth=True, jumps_queue=False, per_step=None, waits=False, victims=None,
+        order="admission", strict=(), frees=True, victims_grow=False,
+    ):  # fmt: skip
         self.victim, self.preempts, self.counts_growth = victim, preempts, counts_growth
         self.jumps_queue, self.per_step, self.waits, self.max_victims = jumps_queue, per_step, waits, victims
+        self.order, self.strict, self.frees, self.victims_grow = order, strict, frees, victims_grow
 
     def schedule(self, waiting: list[Request], seats: list[Request | None], kv: KVSpace) -> Plan:
-        keep, victims, free = sorted((r for r in seats if r), key=lambda r: r.admit_order), [], kv.free_blocks
-        while self.preempts and keep and sum(kv.blocks_to_grow(r.seat) for r in keep) > free:
+        by = (lambda r: r.seat) if self.order == "seat" else (lambda r: r.admit_order)  # seat: wrong
+        keep, victims, free = sorted((r for r in seats if r), key=by), [], kv.free_blocks
+        running = list(keep)
+        short = (lambda need, free: need >= free) if "growth" in self.strict else (lambda need, free: need > free)
+        while self.preempts and keep and short(sum(kv.blocks_to_grow(r.seat) for r in keep), free):
             if self.max_victims is not None and len(victims) == self.max_victims:
                 break  # one victim per step, as if the next step could fix the rest (wrong)
             victims.append(keep.pop(self.victim))  # -1: the newest; 0: the oldest (wrong)
-            free += kv.blocks_held(victims[-1].seat)
-        if self.counts_growth:
-            free -= sum(kv.blocks_to_grow(r.seat) for r in keep)
+            if self.frees:  # (wrong without: the victim's blocks never count as free)
+                free += kv.blocks_held(victims[-1].seat)
+        if self.counts_growth:  # victims_grow: as if the victims still grew this step (wrong)
+            free -= sum(kv.blocks_to_grow(r.seat) for r in (running if self.victims_grow else keep))
         if self.waits and keep:  # static in disguise
             return Plan(preempt=victims)
         admit, seats_left = [], seats.count(None) + len(victims)
@@ -171,6 +200,8 @@ class Continuous:
             cost = kv.blocks_to_admit(r.tokens_in_cache_after_prefill)
             if len(admit) == min(seats_left, self.per_step or seats_left):
                 break
+            if "admission" in self.strict and cost >= free:
+                break  # a prompt that fills the free blocks exactly waits (wrong)
             if cost > free:
                 if self.jumps_queue:
                     continue  # let a smaller one behind it go first (wrong)
@@ -188,12 +219,53 @@ WRONG = {
     "one-admission-per-step": dict(per_step=1),
     "waits-for-the-batch": dict(waits=True),
     "at-most-one-victim-per-step": dict(victims=1),
+    "picks-the-victim-by-seat-not-admission": dict(order="seat"),
+    "refuses-a-prompt-that-fits-exactly": dict(strict=("admission",)),
+    "preempts-when-growth-fits-exactly": dict(strict=("growth",)),
+    "forgets-the-victims-blocks": dict(frees=False),
+    "still-counts-the-victims-growth": dict(victims_grow=True),
 }
 
 
+class ContinuousNewestFirst:
+    """Right, written differently: victims walked from the newest in a for loop, free seats counted afresh."""
+
+    name, holds_finished_seats = "continuous-newest-first", False
+
+    def schedule(self, waiting, seats, kv):
+        running = sorted((r for r in seats if r is not None), key=lambda r: -r.admit_order)  # newest first
+        need, free, victims = sum(kv.blocks_to_grow(r.seat) for r in running), kv.free_blocks, []
+        for r in running:
+            if need <= free:
+                break
+            victims.append(r)
+            need, free = need - kv.blocks_to_grow(r.seat), free + kv.blocks_held(r.seat)
+        free -= need
+        admit = []
+        for r in waiting:
+            if len(admit) == seats.count(None) + len(victims):
+                break
+            cost = kv.blocks_to_admit(r.tokens_in_cache_after_prefill)
+            if cost > free:
+                break
+            admit.append(r)
+            free -= cost
+        return Plan(admit=admit, preempt=victims)
+
+
 @CHECKS
-def test_a_correct_version_passes():
-    check_all(Continuous)
+@pytest.mark.parametrize("right", [Continuous, ContinuousNewestFirst], ids=["written-out", "newest-first-loop"])
+def test_a_correct_version_passes(right):
+    check_all(right)
+
+
+@CHECKS
+def test_the_exact_growth_crowd_needs_every_free_block_at_step_1():
+    referee = Referee(ContinuousScheduler(), judge_continuous)
+    serve(small_model("gqa"), referee, exact_growth(), slots=4, kv="paged", block_size=4, num_blocks=4)
+    step1 = referee.decisions[1]
+    assert sum(step1.grow.values()) == step1.free_blocks == 2 and not step1.preempt
+    assert any(d.preempt for d in referee.decisions), "later the two need more than the pool"
 
 
 @CHECKS

@@ -3,6 +3,8 @@
 Your block allocator keeps its books straight under any sequence of appends and frees; your slot
 mapping and paged gather agree with the reference; and all three together serve a crowd through
 the real engine, token for token.
+
+WRONG (below) lists the mistakes a room makes, each caught; RIGHT, parts written differently that must pass.
 """
 
 from __future__ import annotations
@@ -94,6 +96,18 @@ def assert_exhausted(alloc, seq: int, n: int, why: str) -> None:
     )
 
 
+def append_that_fits(alloc, seq: int, n: int, why: str):
+    """append(seq, n) when the blocks it needs are free (perhaps exactly): it must not raise."""
+    free = alloc.num_free
+    try:
+        return alloc.append(seq, n)
+    except BlockPoolExhausted as e:
+        raise AssertionError(
+            f"{why}: append({seq}, {n}) raised BlockPoolExhausted ({e}) with {free} free block(s), enough for it: "
+            "blocks that suffice exactly are enough (compare needed > free, not >=)"
+        ) from None
+
+
 def check_boundaries(Allocator) -> None:
     alloc, lengths = Allocator(10, 4), {}
     for n, new_blocks, why in (
@@ -118,8 +132,8 @@ def check_exhaustion(Allocator) -> None:
     alloc.append(0, 10)  # 3 blocks, 1 free
     assert_exhausted(alloc, 1, 5, "a new sequence of 5 tokens needs 2 blocks of 4, and 1 is free")
     assert_exhausted(alloc, 0, 7, "growing sequence 0 from 10 to 17 tokens needs 2 more blocks, and 1 is free")
-    alloc.append(0, 2)  # 12 tokens: still 3 blocks
-    alloc.append(0, 1)  # the 13th token takes the last block
+    append_that_fits(alloc, 0, 2, "12 tokens still fit in sequence 0's 3 blocks")
+    append_that_fits(alloc, 0, 1, "the 13th token takes the last free block")
     check_books(alloc, {0: 13}, "filling the pool exactly")
 
 
@@ -146,7 +160,7 @@ def check_random_operations(Allocator) -> None:
             if need > alloc.num_free:
                 assert_exhausted(alloc, seq, n, f"{after}: {need} block(s) needed, {alloc.num_free} free")
                 continue
-            alloc.append(seq, n)
+            append_that_fits(alloc, seq, n, f"{after}: {need} block(s) needed, {alloc.num_free} free")
             lengths[seq] = old + n
             check_books(alloc, lengths, after)
 
@@ -342,9 +356,13 @@ def test_all_three_serve_sequences_through_the_model_token_exact(paging):
 class Allocator:
     """An allocator written out, with switches for the mistakes below."""
 
-    def __init__(self, num_blocks, block_size, floor=False, partial=False, free_keeps_length=False):
+    def __init__(
+        self, num_blocks, block_size, floor=False, partial=False, free_keeps_length=False, strict=False, leaks=False,
+        take="front",
+    ):  # fmt: skip
         self.num_blocks, self.block_size = num_blocks, block_size
         self.floor, self.partial, self.free_keeps_length = floor, partial, free_keeps_length
+        self.strict, self.leaks, self.take = strict, leaks, take
         self.free_blocks, self.tables, self.lengths = list(range(num_blocks)), {}, {}
 
     @property
@@ -357,20 +375,22 @@ class Allocator:
             needed = (old + num_new) // self.block_size - old // self.block_size
         else:
             needed = -(-(old + num_new) // self.block_size) - -(-old // self.block_size)
-        if needed > self.num_free and not self.partial:
-            raise BlockPoolExhausted(f"need {needed}, {self.num_free} free")
+        if (needed >= self.num_free if self.strict else needed > self.num_free) and not self.partial:
+            raise BlockPoolExhausted(f"need {needed}, {self.num_free} free")  # strict: refuses an exact fit (wrong)
         given = []
         for _ in range(needed):
             if not self.free_blocks:
                 raise BlockPoolExhausted("ran dry halfway")  # the blocks taken so far stay taken (wrong)
-            given.append(self.free_blocks.pop(0))
+            given.append(self.free_blocks.pop(0 if self.take == "front" else -1))  # either end is right
             self.tables.setdefault(seq, []).append(given[-1])
         self.tables.setdefault(seq, [])
         self.lengths[seq] = old + num_new
         return given
 
     def free(self, seq):
-        self.free_blocks += self.tables.pop(seq, [])
+        blocks = self.tables.pop(seq, [])
+        if not self.leaks:  # (wrong without: the blocks never come back)
+            self.free_blocks += blocks
         if not self.free_keeps_length:
             self.lengths.pop(seq, None)
 
@@ -410,12 +430,40 @@ WRONG = {
         paged_gather=lambda pool, tables: pool[tables].transpose(1, 2).reshape(len(tables), -1, *pool.shape[2:])
     ),
     "gather-flat-pool": variant(paged_gather=lambda pool, tables: pool.flatten(0, 1)[tables]),
+    "allocator-refuses-an-exact-fit": variant(Allocator=allocator(strict=True)),
+    "allocator-free-leaks-the-blocks": variant(Allocator=allocator(leaks=True)),
+    "slot-mapping-counts-from-the-chunk-start": variant(  # i, the place in this call's list, not the position p
+        slot_mapping=lambda table, positions, size: [table[i // size] * size + i % size for i in range(len(positions))]
+    ),
+    "gather-keeps-the-blocks-apart": variant(paged_gather=lambda pool, tables: pool[tables]),  # (B, blocks, size, ...)
+}
+
+
+def divmod_slot_mapping(block_table, positions, block_size):
+    slots = []
+    for p in positions:
+        block, offset = divmod(p, block_size)
+        slots.append(block_table[block] * block_size + offset)
+    return slots
+
+
+def index_select_gather(pool, block_tables):
+    B = block_tables.shape[0]
+    return pool.index_select(0, block_tables.flatten()).view(B, -1, *pool.shape[2:])
+
+
+RIGHT = {  # right, written differently: the checks must pass them
+    "written-out": CORRECT,
+    "blocks-from-the-end-of-the-free-list": variant(Allocator=allocator(take="back")),
+    "divmod-slot-mapping": variant(slot_mapping=divmod_slot_mapping),
+    "index-select-gather": variant(paged_gather=index_select_gather),
 }
 
 
 @CHECKS
-def test_a_correct_version_passes():
-    check_all(CORRECT)
+@pytest.mark.parametrize("right", RIGHT.values(), ids=RIGHT.keys())
+def test_a_correct_version_passes(right):
+    check_all(right)
 
 
 @CHECKS

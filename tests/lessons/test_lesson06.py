@@ -7,13 +7,19 @@ rejected request and one still running when the trace ends.
 
 Part 2: your MyFairScheduler serves the crowds of lessons/fairness.py: its TTFT p90 must be at least 15%
 lower than first come, first served's, and nobody may wait longer than the longest wait under FCFS.
+
+WRONG_METRICS and WRONG_POLICIES (below) list the mistakes a room makes, each caught (an aborted request
+kept included); RIGHT_METRICS and RIGHT_POLICIES, answers written differently that must pass.
 """
 
 from __future__ import annotations
 
 import functools
 import math
+import numbers
+from fractions import Fraction
 
+import numpy as np
 import pytest
 
 from lessons import fairness
@@ -81,7 +87,8 @@ def fair_scheduler(request):
 def real_trace() -> Trace:
     """Four seats, a pool of 7 blocks of 16 tokens, 50 steps: replies that cannot all grow at once (one is
     preempted, so its TPOT is not 1), a one-token reply plus EOS, one cut by its length limit, one reply of
-    exactly one token (TPOT undefined), a rejected request, and one still running when the trace ends."""
+    exactly one token (TPOT undefined), a rejected request, one aborted mid-reply (its client hung up: it has a
+    first token and a finish step, but it did not finish) and one still running when the trace ends."""
     requests = [
         Request("count-1", encode_prompt("count down from 1"), 20),  # "1" then EOS: two tokens produced
         Request("long-a", encode_prompt("count down from 15"), 60),  # 35 tokens + EOS
@@ -92,12 +99,18 @@ def real_trace() -> Trace:
         Request("spell", encode_prompt("spell 4096"), 40, arrival_step=4),
         Request("rejected", encode_prompt("spell 42"), 0),  # max_new_tokens 0: rejected, never finishes
         Request("unfinished", encode_prompt("count down from 40"), 60, arrival_step=8),  # running at the end
+        Request("hung-up", encode_prompt("count down from 20"), 60, arrival_step=6),  # aborted mid-reply
     ]
     cfg = EngineConfig(slots=4, kv="paged", num_blocks=7, block_size=16)
     engine = Engine(shipped_model(), ContinuousScheduler(), cfg)
     for r in requests:
         engine.submit(r)
-    return engine.run(max_steps=50)
+    hung_up = requests[-1]
+    while engine.has_work() and engine.step_no < 50:
+        if len(hung_up.output_ids) == 3:  # its client hangs up after three tokens
+            engine.abort(hung_up.id)
+        engine.step()
+    return engine.trace()
 
 
 def describe(trace: Trace, rid: str) -> str:
@@ -113,12 +126,16 @@ def check_trace(ttft_tpot) -> None:
     expected, got = reference_ttft_tpot(trace), ttft_tpot(trace)
     assert isinstance(got, dict), f"return a dict keyed by request id, got {type(got).__name__}"
     extra, missing = sorted(set(got) - set(expected)), sorted(set(expected) - set(got))
-    assert not extra, f"{extra} did not finish (finish_reason not eos or length): leave them out"
+    reasons = {rid: trace.request(rid).finish_reason for rid in extra}
+    assert not extra, (
+        f"{extra} did not finish (their finish_reason: {reasons}; an aborted request has a first token and a "
+        "finish step, but no complete reply): keep only finish_reason 'eos' or 'length'"
+    )
     assert not missing, f"{missing} finished, but your result has no entry for them"
     for rid, want in expected.items():
         for key, value in want.items():
             mine = got[rid].get(key, "missing")
-            ok = (mine is None) if value is None else isinstance(mine, (int, float)) and math.isclose(mine, value)
+            ok = (mine is None) if value is None else isinstance(mine, numbers.Real) and math.isclose(mine, value)
             assert ok, f"{describe(trace, rid)}: expected {key} {value}, got {mine}"
 
 
@@ -147,12 +164,18 @@ def test_your_policy_beats_fcfs_on_ttft_p90_without_starving_anyone(fair_schedul
 
 # --- the checks catch plausible mistakes --------------------------------------------------------
 def make_metrics(
-    plus_one=True, divide_by_n=False, count_eos=True, only_finished=True, one_token=None, start="arrival", span="end"
-):
+    plus_one=True, divide_by_n=False, count_eos=True, only_finished=True, one_token=None, start="arrival", span="end",
+    keep="finish_reason", number=float,
+):  # fmt: skip
     def ttft_tpot(trace):
         out = {}
         for r in trace.requests:
-            if only_finished and r.finish_reason not in ("eos", "length"):
+            kept = {
+                "finish_reason": r.finish_reason in ("eos", "length"),
+                "finish_step": r.finish_step is not None,  # an aborted request has one too (wrong)
+                "first_token": r.first_token_step is not None,  # aborted and unfinished ones too (wrong)
+            }[keep]
+            if only_finished and not kept:
                 continue
             begin = r.arrival_step if start == "arrival" else r.admit_step
             ttft = None if r.first_token_step is None else r.first_token_step - begin + plus_one
@@ -161,7 +184,7 @@ def make_metrics(
             if n > 1 and r.finish_step is not None:
                 steps = r.finish_step - r.first_token_step + (span == "inclusive")
                 tokens = n if divide_by_n else n - 1
-                tpot = steps // tokens if span == "floor" else steps / tokens
+                tpot = steps // tokens if span == "floor" else number(steps) / tokens
             out[r.id] = {"ttft_steps": ttft, "tpot_steps": tpot}
         return out
 
@@ -177,6 +200,13 @@ WRONG_METRICS = {
     "tpot-over-an-inclusive-span": dict(span="inclusive"),
     "includes-unfinished": dict(only_finished=False),
     "tpot-zero-for-one-token": dict(one_token=0.0),
+    "keeps-every-request-with-a-finish-step": dict(keep="finish_step"),
+    "keeps-every-request-with-a-first-token": dict(keep="first_token"),
+}
+RIGHT_METRICS = {  # right, written differently: the checks must pass them
+    "floats": dict(),
+    "fractions": dict(number=Fraction),
+    "numpy-numbers": dict(number=np.float64),
 }
 
 
@@ -196,6 +226,22 @@ class Priority:
         return Plan(admit=order[: seats.count(None)])
 
 
+class Aging:
+    """Shortest reply first, each step of waiting worth `weight` tokens of reply (right at 2: written differently)."""
+
+    name, holds_finished_seats = "aging", False
+
+    def __init__(self, weight: float):
+        self.weight, self.step = weight, 0
+
+    def schedule(self, waiting, seats, kv):
+        order = sorted(waiting, key=lambda r: r.max_new_tokens - self.weight * (self.step - r.arrival_step))
+        self.step += 1
+        return Plan(admit=order[: seats.count(None)])
+
+
+RIGHT_POLICIES = {"patient-shortest-first": PatientShortestFirst, "aging-by-two-per-step": lambda: Aging(2)}
+
 WRONG_POLICIES = {
     "first-come-first-served": lambda: Priority(),
     "shortest-first-starves-the-long": lambda: Priority(key=lambda r: r.max_new_tokens),
@@ -203,12 +249,15 @@ WRONG_POLICIES = {
     "patience-too-long": lambda: Priority(key=lambda r: r.max_new_tokens, patience=100),
     "shortest-prompt-first": lambda: Priority(key=lambda r: len(r.prompt_ids)),
     "newest-first": lambda: Priority(key=lambda r: -r.arrival_step),
+    "longest-first": lambda: Priority(key=lambda r: -r.max_new_tokens),
+    "ages-too-slowly": lambda: Aging(1),
 }
 
 
 @CHECKS
-def test_a_correct_version_passes():
-    check_trace(make_metrics())
+@pytest.mark.parametrize("right", RIGHT_METRICS.values(), ids=RIGHT_METRICS.keys())
+def test_a_correct_version_passes(right):
+    check_trace(make_metrics(**right))
 
 
 @CHECKS
@@ -221,6 +270,8 @@ def test_the_trace_covers_every_case():
     assert any(r.preemptions and r.finish_reason == "eos" for r in trace.requests), "a preempted reply"
     assert any(m["tpot_steps"] is None for m in metrics.values()), "a one-token reply: TPOT undefined"
     assert any(m["tpot_steps"] and m["tpot_steps"] % 1 for m in metrics.values()), "a TPOT that is not whole"
+    hung_up = trace.request("hung-up")
+    assert hung_up.finish_reason == "aborted" and hung_up.first_token_step is not None and hung_up.output_ids
     one_plus_eos = trace.request("count-1")
     assert one_plus_eos.finish_reason == "eos" and len(one_plus_eos.output_ids) == 1
 
@@ -230,6 +281,12 @@ def test_the_trace_covers_every_case():
 def test_the_checks_catch_wrong_metrics(mistake):
     with pytest.raises(AssertionError):
         check_trace(make_metrics(**mistake))
+
+
+@CHECKS
+@pytest.mark.parametrize("policy", RIGHT_POLICIES.values(), ids=RIGHT_POLICIES.keys())
+def test_a_correct_policy_passes(policy):
+    check_policy(policy)
 
 
 @CHECKS

@@ -4,6 +4,9 @@ Your plan_step decides, every step, who runs how many tokens: decode rows first 
 1 token each), then prompts still being prefilled (oldest first), then newcomers from the head of the
 queue, a prompt longer than what is left cut into a chunk, never over the budget, nobody jumping the queue.
 Checked on hand-made situations, then inside the real engine, step by step and token for token.
+
+WRONG (below) lists the mistakes a room makes, each caught and named; RIGHT, planners written differently
+that must pass.
 """
 
 from __future__ import annotations
@@ -78,9 +81,17 @@ def prefilling(rid: str, order: int, prompt_len: int, done: int) -> Request:
     return r
 
 
-def newcomer(rid: str, prompt_len: int, produced: int = 0) -> Request:
+def newcomer(rid: str, prompt_len: int, produced: int = 0, arrival: int = 0) -> Request:
     """In the queue; `produced` > 0: it was preempted after that many tokens and recomputes them too."""
-    r = Request(rid, prompt(prompt_len, len(rid)), 50, ignore_eos=True)
+    r = Request(rid, prompt(prompt_len, len(rid)), 50, arrival_step=arrival, ignore_eos=True)
+    r.output_ids = [65 + i for i in range(produced)]
+    return r
+
+
+def returning(rid: str, order: int, prompt_len: int, produced: int, done: int) -> Request:
+    """Seated again after a preemption, still recomputing: `done` of its prompt and old reply are back in the
+    cache. It has output, yet it is not decoding."""
+    r = prefilling(rid, order, prompt_len, done)
     r.output_ids = [65 + i for i in range(produced)]
     return r
 
@@ -114,6 +125,18 @@ SITUATIONS = {
         waiting=[newcomer("n", 5)], free_seats=1, budget=8),
     "a preempted request comes back": lambda: dict(
         running=seat([decoding("d0", 0)]), waiting=[newcomer("back", 10, produced=6)], free_seats=1, budget=64),
+    "a returning request, seated, still recomputing its old reply": lambda: dict(
+        running=seat([decoding("d0", 0), returning("back", 1, 10, produced=6, done=8)]),
+        waiting=[newcomer("n1", 5)], free_seats=1, budget=20),
+    "a prompt with one token left, a tight budget": lambda: dict(
+        running=seat([decoding("d0", 2), prefilling("p_one", 1, 12, 11), prefilling("p_old", 0, 20, 15)]),
+        waiting=[], free_seats=1, budget=2),
+    "an older prompt with more tokens left than a newer one": lambda: dict(
+        running=seat([decoding("d0", 2), prefilling("p_new", 1, 9, 4), prefilling("p_old", 0, 40, 10)]),
+        waiting=[newcomer("n1", 4)], free_seats=1, budget=24),
+    "the queue's head came back from a preemption (it arrived after the next one)": lambda: dict(
+        running=[], waiting=[newcomer("back", 6, produced=4, arrival=9), newcomer("n1", 7, arrival=3)],
+        free_seats=1, budget=64),
 }  # fmt: skip
 
 
@@ -145,6 +168,22 @@ def diagnose(running, waiting, free_seats, budget, got, expected) -> str:
             f"your plan runs {total} tokens, over the budget of {budget}: the budget caps the whole step, every "
             "row together: decode rows count too, and each row takes its tokens out of what the rows before it left"
         )
+    mistaken = [r for r in prefillers if r.output_ids and tokens.get(r.id) == 1 and want.get(r.id, 0) > 1]
+    if mistaken:
+        r = mistaken[0]
+        return (
+            f"{r.id} has output ({len(r.output_ids)} tokens) but is still recomputing: it was preempted and is seated "
+            f"again, {r.num_pending} tokens of its prompt and old reply still to run. A row is decoding when "
+            "r.is_decoding says so, not when it has output"
+        )
+    one_left = [r for r in prefillers if r.num_pending == 1 and tokens.get(r.id, 0) != want.get(r.id, 0)]
+    if one_left:
+        r = one_left[0]
+        return (
+            f"{r.id} is a prompt with one token left ({r.num_pending} pending, {len(r.prompt_ids)}-token prompt, no "
+            "output yet): it is still prefilling (r.is_decoding is False), so it waits for the decode rows, and "
+            "prompts are served oldest admission first, not the fewest tokens left first"
+        )
     greedy = [r.id for r in decoders if tokens.get(r.id, 0) > 1]
     if greedy:
         return (
@@ -167,6 +206,12 @@ def diagnose(running, waiting, free_seats, budget, got, expected) -> str:
             f"{prompt_rows[0]} runs prompt tokens while decode row {starved[0]} runs none: decode rows go first "
             "(they are users waiting for their next token; a prompt can wait a step)"
         )
+    empty = [r.id for r in admitted if not tokens.get(r.id)]
+    if empty:
+        return (
+            f"{empty[0]} boards with no token to run: no budget is left for another newcomer (admit only while a "
+            "seat is free and budget is left)"
+        )
     if ids(admitted) and any(tokens.get(r.id, 0) < r.num_pending for r in prefillers):
         short = next(r for r in prefillers if tokens.get(r.id, 0) < r.num_pending)
         return (
@@ -175,6 +220,18 @@ def diagnose(running, waiting, free_seats, budget, got, expected) -> str:
             "before newcomers"
         )
     by_age = sorted(running, key=lambda r: r.admit_order)
+    served = [r for r in prefillers if tokens.get(r.id)]
+    if any(want.get(r.id, 0) != tokens.get(r.id, 0) for r in prefillers) and served:
+        fewest = min(prefillers, key=lambda r: r.num_pending)
+        if tokens.get(fewest.id, 0) > want.get(fewest.id, 0) and fewest.admit_order != min(
+            p.admit_order for p in prefillers
+        ):
+            oldest = [r.id for r in by_age if r in prefillers]
+            return (
+                f"prompts being prefilled are served oldest admission first ({oldest}), not the fewest tokens left "
+                f"first: {fewest.id} has {fewest.num_pending} left but was admitted after "
+                f"{oldest[0]}; expected { ({r: want[r] for r in oldest if want.get(r)}) }"
+            )
     for kind, rows in (("decode rows", decoders), ("prompts being prefilled", prefillers)):
         served = [r.id for r in sorted(rows, key=lambda r: r.admit_order) if tokens.get(r.id)]
         if any(want.get(r.id, 0) != tokens.get(r.id, 0) for r in rows) and served:
@@ -275,15 +332,26 @@ def test_the_real_engine_serves_a_crowd_token_exact(plan_step, budget):
 # --- the checks catch plausible mistakes ----------------------------------------------------------
 def written_out(
     decode_first_=True, seat_order=False, prompts_before_newcomers=True, chunks=True, jumps=False, count_decode=True,
-    shared=True, decode_runs_ahead=False, prompt_only=False, seats_matter=True,
+    shared=True, decode_runs_ahead=False, prompt_only=False, seats_matter=True, decoding="is_decoding",
+    prompts_by="admit_order", queue_by=None, empty_boarding=False, zeros=False, whole_rests=False,
 ):  # fmt: skip
-    """A plan_step written out, with switches for the mistakes below."""
+    """A plan_step written out, with switches for the mistakes below (zeros=True: right, written differently)."""
+    is_decode = {
+        "is_decoding": lambda r: r.is_decoding,
+        "has_output": lambda r: bool(r.output_ids),  # a returning request recomputing its reply is not (wrong)
+        "one_pending": lambda r: r.num_pending == 1,  # a prompt with one token left is not (wrong)
+    }[decoding]
 
     def plan(running, waiting, free_seats, budget):
         left, tokens, admitted = math.inf if budget is None else budget, {}, []
+        if zeros:
+            tokens = {r.id: 0 for r in running}
         key = (lambda r: r.seat) if seat_order else (lambda r: r.admit_order)
-        decoders = sorted((r for r in running if r.is_decoding), key=key)
-        prefillers = sorted((r for r in running if not r.is_decoding), key=lambda r: r.admit_order)
+        decoders = sorted((r for r in running if is_decode(r)), key=key)
+        by = (lambda r: r.admit_order) if prompts_by == "admit_order" else (lambda r: r.num_pending)  # fewest: wrong
+        prefillers = sorted((r for r in running if not is_decode(r)), key=by)
+        if queue_by is not None:
+            waiting = sorted(waiting, key=queue_by)  # e.g. by arrival: a request back from preemption goes last
 
         def give(r, wanted):
             nonlocal left
@@ -304,7 +372,7 @@ def written_out(
 
         def newcomers():
             for r in waiting:
-                if (seats_matter and len(admitted) == free_seats) or left <= 0:
+                if (seats_matter and len(admitted) == free_seats) or (left <= 0 and not empty_boarding):
                     break
                 wanted = len(r.prompt_ids) if prompt_only else r.num_pending
                 if not chunks and wanted > left:
@@ -316,6 +384,8 @@ def written_out(
 
         def prompts():
             for r in prefillers:
+                if whole_rests and r.num_pending > left:
+                    continue  # waits until the rest of its prompt fits at once (wrong)
                 give(r, r.num_pending)
 
         order = [decode, prompts, newcomers] if prompts_before_newcomers else [decode, newcomers, prompts]
@@ -342,12 +412,40 @@ WRONG = {
     "decode-rows-in-seat-order": (dict(seat_order=True), "not in seat order"),
     "ignores-free-seats": (dict(seats_matter=False), "newcomers into"),
     "returning-request-runs-its-prompt-only": (dict(prompt_only=True), "comes back after a preemption"),
+    "a-row-with-output-counts-as-decoding": (dict(decoding="has_output"), "is still recomputing"),
+    "one-token-left-counts-as-decoding": (dict(decoding="one_pending"), "a prompt with one token left"),
+    "prompts-with-the-fewest-tokens-left-first": (dict(prompts_by="num_pending"), "not the fewest tokens left"),
+    "the-queue-sorted-by-arrival": (dict(queue_by=lambda r: r.arrival_step), "boarded ahead of"),
+    "boards-with-no-budget-left": (dict(empty_boarding=True), "no budget is left"),
+    "a-prompt-waits-until-its-whole-rest-fits": (dict(whole_rests=True), "prompts already seated go before"),
 }
 
 
+def one_pass(running, waiting, free_seats, budget):
+    """Right, written differently: one ordered list of (request, tokens wanted), the budget handed down it."""
+    left = math.inf if budget is None else budget
+    rows = sorted(running, key=lambda r: (not r.is_decoding, r.admit_order))
+    tokens = {}
+    for r in rows:
+        tokens[r.id] = int(min(r.num_pending, left))
+        left -= tokens[r.id]
+    admitted = []
+    for r in waiting[:free_seats]:
+        if left <= 0:
+            break
+        admitted.append(r)
+        tokens[r.id] = int(min(r.num_pending, left))
+        left -= tokens[r.id]
+    return tuple(admitted), tokens
+
+
+RIGHT = {"written-out": written_out(), "zeros-for-who-runs-nothing": written_out(zeros=True), "one-pass": one_pass}
+
+
 @CHECKS
-def test_a_correct_version_passes():
-    check_all(written_out())
+@pytest.mark.parametrize("right", RIGHT.values(), ids=RIGHT.keys())
+def test_a_correct_version_passes(right):
+    check_all(right)
 
 
 @CHECKS

@@ -4,6 +4,9 @@ Your allocator keys full blocks by a hash chain, finds the longest cached run of
 the prompt's last token to compute, takes a cached free block off the free list when a newcomer shares it,
 hands out the least recently freed block first and makes it forget its key. Checked on small pools by hand,
 under random admissions, growths and frees, then inside the real engine, token for token.
+
+WRONG (below) lists the mistakes a room makes, each caught and named; RIGHT, keys written differently
+(Python's hash, nested tuples) that must pass.
 """
 
 from __future__ import annotations
@@ -261,10 +264,15 @@ def check_second_copy(Allocator) -> None:
         f"sequences 1 and 2 computed the same 2 full blocks side by side ({first} and {second}); {unkeyed} got no "
         "key: key them too, a second copy under the same key, so the tokens stay cached while either copy does"
     )
+    again = both[:8] + [5]
+    before = pool.alloc.cached_prefix(again)
+    assert len(before) == 2, (
+        f"the 8 tokens of 2 full cached blocks plus one more: both blocks can be shared (a token follows them), "
+        f"but the cache found {before}"
+    )
     pool.free(1)
     pool.admit(3, seq_tokens(16, 17))  # 4 blocks: the one never used and sequence 1's three
     pool.check("after sequence 1's blocks were handed out for other tokens")
-    again = both[:8] + [5]
     hits = pool.alloc.cached_prefix(again)
     pool.check_hits(again, hits, "the same 8 tokens again, after one copy was overwritten")
     assert hits == second, (
@@ -447,19 +455,27 @@ class Written(BlockAllocator):
     """The exercise written out, with switches for the mistakes below."""
 
     def __init__(self, num_blocks, block_size, chain=True, partial=False, whole=False, off_list=True, newest=False,
-                 forget=True, first_only=False, every_copy=False):  # fmt: skip
+                 forget=True, first_only=False, every_copy=False, keys="sha256", last_block=False, holders="add",
+                 forget_one_book=False):  # fmt: skip
         super().__init__(num_blocks, block_size, prefix_caching=True)
         self.chain, self.partial, self.whole, self.off_list = chain, partial, whole, off_list
         self.newest, self.forget, self.first_only, self.every_copy = newest, forget, first_only, every_copy
+        self.keys, self.last_block, self.holders, self.forget_one_book = keys, last_block, holders, forget_one_book
 
     def key(self, previous, token_ids):
         head = previous if self.chain else b""  # without its predecessor (wrong)
+        if self.keys == "hash":  # Python's hash of a tuple: right too
+            return hash((head, tuple(token_ids)))
+        if self.keys == "tuple":  # the chain itself as nested tuples: right too
+            return (head, tuple(token_ids))
         return hashlib.sha256(head + array("q", token_ids).tobytes()).digest()
 
     def cached_prefix(self, token_ids):
         bs = self.block_size
         usable = len(token_ids) if self.whole else len(token_ids) - 1  # the whole prompt (wrong)
         count = -(-usable // bs) if self.partial else usable // bs  # a partly filled tail block too (wrong)
+        if self.last_block:  # always leaves the last full block to compute, even when a token follows it (wrong)
+            count = max(0, len(token_ids) // bs - 1)
         blocks, key = [], b""
         for i in range(count):
             key = self.key(key, token_ids[i * bs : (i + 1) * bs])
@@ -481,13 +497,15 @@ class Written(BlockAllocator):
     def take_cached(self, block):
         if self.ref_counts[block] == 0 and self.off_list:
             del self.free_blocks[block]
-        self.ref_counts[block] += 1
+        self.ref_counts[block] = 1 if self.holders == "one" else self.ref_counts[block] + 1  # one: wrong
 
     def _take_free(self):
         block, _ = self.free_blocks.popitem(last=self.newest)  # last=True: the most recently freed (wrong)
         key = self.key_of.pop(block, None)
         if key is not None and self.forget and self.every_copy:
             del self.block_of[key]  # every copy of the key forgotten, not only this block (wrong)
+        elif key is not None and self.forget and self.forget_one_book:
+            pass  # out of key_of, still listed in block_of (wrong)
         elif key is not None and self.forget:
             del self.block_of[key][block]
             if not self.block_of[key]:
@@ -519,12 +537,17 @@ WRONG = {
     "reused-block-keeps-its-old-key": (dict(forget=False), "must lose its key"),
     "leaves-a-second-copy-unkeyed": (dict(first_only=True), "key them too"),
     "forgets-every-copy-when-one-is-handed-out": (dict(every_copy=True), "takes only its own place out"),
+    "always-leaves-the-last-full-block": (dict(last_block=True), "can be shared"),
+    "a-shared-block-has-one-holder": (dict(holders="one"), "ref count"),
+    "a-reused-block-leaves-key_of-but-not-block_of": (dict(forget_one_book=True), "still lists block"),
 }
+RIGHT = {"sha256-keys": dict(), "python-hash-keys": dict(keys="hash"), "nested-tuple-keys": dict(keys="tuple")}
 
 
 @CHECKS
-def test_a_correct_version_passes():
-    check_all(written())
+@pytest.mark.parametrize("right", RIGHT.values(), ids=RIGHT.keys())
+def test_a_correct_version_passes(right):
+    check_all(written(**right))
 
 
 @CHECKS

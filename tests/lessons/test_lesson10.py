@@ -4,11 +4,15 @@ Your abort takes a request out of wherever it is (not yet arrived, queued, seate
 mid-reply) and frees its seat and KV blocks at once; it leaves finished requests, and the seats they
 once had, alone. Then it runs inside the real serve loop (minillm/serving/serve_loop.py, no HTTP), where a
 reader hangs up on some requests while the others must still get exactly the plain loop's tokens.
+
+WRONG (below) lists the mistakes a room makes, each caught (the middle of the queue, a reason given, a
+rejected request, the finish time included); abort_by_search, an abort written differently that must pass.
 """
 
 from __future__ import annotations
 
 import queue
+import time
 
 import pytest
 
@@ -45,23 +49,38 @@ def engine_for(slots: int, token_budget: int | None = None, num_blocks: int | No
     return Engine(model, ContinuousScheduler(token_budget=token_budget), cfg)
 
 
-def call(abort, engine: Engine, r: Request | str, where: str):
+def call(abort, engine: Engine, r: Request | str, where: str, reason: str | None = None):
     rid = r if isinstance(r, str) else r.id
     try:
-        return abort(engine, rid)
+        return abort(engine, rid) if reason is None else abort(engine, rid, reason)
     except NotImplementedError:
         raise
     except Exception as e:  # a crash is a wrong answer: say when it happened
         raise AssertionError(f"your abort raised {e!r} while aborting {rid}, {where}") from None
 
 
-def assert_aborted(engine: Engine, r: Request, result, where: str) -> None:
+def abort_and_check(abort, engine: Engine, r: Request, where: str, reason: str | None = None) -> None:
+    """Abort `r` (with `reason`, or abort's default) and check it is finished, out of every place, on time."""
+    queue, before = [q.id for q in engine.waiting], engine.clock.now()
+    result = call(abort, engine, r, where, reason)
+    after = engine.clock.now()
     assert result is True, f"aborting {r.id} ({where}) returned {result!r}; return True when you abort a request"
-    assert r.state == State.FINISHED and r.finish_reason == "aborted", (
-        f"{r.id} ({where}): after abort, state is {r.state!r} and finish_reason {r.finish_reason!r}; "
-        "expected State.FINISHED and 'aborted'"
+    want = "aborted" if reason is None else reason
+    assert r.state == State.FINISHED and r.finish_reason == want, (
+        f"{r.id} ({where}): after abort(engine, {r.id!r}{'' if reason is None else f', {reason!r}'}), state is "
+        f"{r.state!r} and finish_reason {r.finish_reason!r}; expected State.FINISHED and {want!r}"
+        + ("" if reason is None else ": the reason given, not always the default")
     )
     assert r.finish_step == engine.step_no, f"{r.id}: finish_step should be engine.step_no ({engine.step_no})"
+    assert isinstance(r.finish_s, (int, float)) and before <= r.finish_s <= after, (
+        f"{r.id} ({where}): finish_s is {r.finish_s!r}; it should be the engine's clock when you aborted it, "
+        f"engine.clock.now() (between {before:.4f} and {after:.4f}: seconds since the engine started, not time.time())"
+    )
+    gone = [rid for rid in queue if rid != r.id and rid not in [q.id for q in engine.waiting]]
+    assert not gone, (
+        f"aborting {r.id} ({where}) took {gone} out of the queue {queue}: remove {r.id} itself "
+        "(engine.waiting.remove(r)), not the head of the queue"
+    )
     assert r not in engine.waiting and r not in engine.pending, f"{r.id} ({where}) is still in the queue"
     assert r not in engine.seats, f"{r.id} ({where}) still has a seat: set engine.seats[seat] = None"
 
@@ -85,16 +104,22 @@ def run_to_the_end(engine: Engine, requests: list[Request]) -> None:
 
 # --- the checks ----------------------------------------------------------------------------------
 def check_queued(abort) -> None:
-    """One seat: A runs, B waits in the queue, C has not arrived yet (arrival_step 40). Abort B and C."""
+    """One seat: A runs; H, B and T wait in the queue (B in the middle); C has not arrived yet (arrival_step 40).
+    Abort B and C: H and T keep their places."""
     engine = engine_for(slots=1)
     a, b, c = req("A", 6, 10), req("B", 5, 10, seed=1), req("C", 5, 10, arrival_step=40, seed=2)
-    for r in (a, b, c):
+    head, tail = req("H", 4, 6, seed=3), req("T", 7, 5, seed=4)
+    for r in (a, head, b, tail, c):
         engine.submit(r)
     engine.step()
     engine.step()
-    assert_aborted(engine, b, call(abort, engine, b, "waiting in the queue"), "waiting in the queue")
-    assert_aborted(engine, c, call(abort, engine, c, "not arrived yet"), "not arrived yet (in engine.pending)")
-    run_to_the_end(engine, [a, b, c])
+    abort_and_check(abort, engine, b, "waiting in the queue, between H and T")
+    queue = [r.id for r in engine.waiting]
+    assert queue == ["H", "T"], (
+        f"the queue was H, B, T; after aborting B it is {queue}: take B out (engine.waiting.remove), not the head"
+    )
+    abort_and_check(abort, engine, c, "not arrived yet (in engine.pending)")
+    run_to_the_end(engine, [a, head, b, tail, c])
     for r in (b, c):
         assert r.admit_step is None and not r.output_ids, (
             f"{r.id} was aborted before it had a seat, yet it was admitted later (at step {r.admit_step}): take it "
@@ -111,7 +136,7 @@ def check_mid_reply(abort) -> None:
     for _ in range(5):
         engine.step()
     seat, held, free = a.seat, engine.cache.blocks_held(a.seat), engine.cache.free_blocks
-    assert_aborted(engine, a, call(abort, engine, a, "mid-reply"), "mid-reply")
+    abort_and_check(abort, engine, a, "mid-reply", reason="client hung up")
     assert engine.cache.free_blocks == free + held, (
         f"A held {held} KV blocks mid-reply; after abort {engine.cache.free_blocks - free} came back: free its "
         "blocks with engine.cache.free(seat)"
@@ -129,7 +154,7 @@ def check_mid_prompt(abort) -> None:
         engine.submit(r)
     engine.step()
     assert a.seat is not None and not a.output_ids and 0 < a.num_computed < 40  # (the check's own premise)
-    assert_aborted(engine, a, call(abort, engine, a, "mid-prompt"), "mid-prompt (seated, no output yet)")
+    abort_and_check(abort, engine, a, "mid-prompt (seated, no output yet)")
     assert engine.cache.free_blocks == engine.cache.num_blocks, (
         "A was seated with the first chunk of its prompt in the KV cache and no output yet; after abort its "
         "blocks are still held. A request with no output may be seated: look at engine.seats, not at its output"
@@ -138,7 +163,8 @@ def check_mid_prompt(abort) -> None:
 
 
 def check_finished_and_unknown(abort) -> None:
-    """A finishes and B takes its seat; aborting A then must change nothing (B sits where A sat)."""
+    """A finishes and B takes its seat; aborting A then must change nothing (B sits where A sat). Nor may aborting
+    an unknown id, or a request the engine rejected."""
     engine = engine_for(slots=1)
     a, b = req("A", 5, 2), req("B", 6, 12, seed=1)
     for r in (a, b):
@@ -156,6 +182,15 @@ def check_finished_and_unknown(abort) -> None:
     )
     result = call(abort, engine, "nobody", "an id nobody has")
     assert result is False, f"aborting an unknown id returned {result!r}; return False"
+    refused = Request("refused", [257, 5], 0)  # max_new_tokens 0: rejected when submitted, never queued
+    engine.submit(refused)
+    reason = refused.finish_reason
+    result = call(abort, engine, refused, "a request rejected when it was submitted")
+    assert result is False and refused.finish_reason == reason and refused.state == State.REJECTED, (
+        f"aborting a request the engine rejected (state {State.REJECTED!r}, finish_reason {reason!r}) returned "
+        f"{result!r} and left it {refused.state!r}, {refused.finish_reason!r}: it has already finished "
+        "(r.is_finished covers rejected requests too): return False and change nothing"
+    )
     run_to_the_end(engine, [a, b])
 
 
@@ -232,18 +267,26 @@ def test_your_abort_in_the_serve_loop(abort):
 
 
 # --- the checks catch plausible mistakes --------------------------------------------------------
-def make_abort(free_kv=True, free_seat=True, pending=True, by_output=False, finished_too=False, mark=True, ret=True):
+def make_abort(
+    free_kv=True, free_seat=True, pending=True, by_output=False, finished_too=False, mark=True, ret=True,
+    finished="is_finished", head=False, keep_reason=True, clock="engine",
+):  # fmt: skip
     """An abort written out, with switches for the mistakes below."""
+    done = {
+        "is_finished": lambda r: r.is_finished,
+        "state": lambda r: r.state == State.FINISHED,  # a rejected request looks unfinished (wrong)
+    }[finished]
+    now = {"engine": lambda e: e.clock.now(), "epoch": lambda e: time.time(), "none": lambda e: None}[clock]
 
     def wrong_abort(engine, request_id, reason="aborted"):
-        found = [r for r in engine.requests if r.id == request_id and (finished_too or not r.is_finished)]
+        found = [r for r in engine.requests if r.id == request_id and (finished_too or not done(r))]
         if not found:
             return False if ret else None
         r = found[0]
         queued = (not r.output_ids) if by_output else r.seat is None
         if queued or r.is_finished:
             if r in engine.waiting:
-                engine.waiting.remove(r)
+                engine.waiting.popleft() if head else engine.waiting.remove(r)  # head: the queue's first (wrong)
             elif pending and r in engine.pending:
                 engine.pending.remove(r)
         if (not queued or r.is_finished) and r.seat is not None:
@@ -252,10 +295,28 @@ def make_abort(free_kv=True, free_seat=True, pending=True, by_output=False, fini
             if free_seat:
                 engine.seats[r.seat] = None
         if mark:
-            r.state, r.finish_reason, r.finish_step, r.finish_s = State.FINISHED, reason, engine.step_no, 0.0
+            r.state, r.finish_reason = State.FINISHED, reason if keep_reason else "aborted"
+            r.finish_step, r.finish_s = engine.step_no, now(engine)
         return True if ret else None
 
     return wrong_abort
+
+
+def abort_by_search(engine, request_id, reason="aborted"):
+    """Right, written differently: look in each place in turn, without engine.requests."""
+    places = [("pending", r) for r in engine.pending] + [("waiting", r) for r in engine.waiting]
+    places += [("seat", r) for r in engine.seats if r is not None and not r.is_finished]
+    for place, r in places:
+        if r.id != request_id:
+            continue
+        if place == "seat":
+            engine.cache.free(r.seat)
+            engine.seats[r.seat] = None
+        else:
+            getattr(engine, place).remove(r)
+        r.state, r.finish_reason, r.finish_step, r.finish_s = State.FINISHED, reason, engine.step_no, engine.clock.now()
+        return True
+    return False
 
 
 WRONG = {
@@ -266,6 +327,11 @@ WRONG = {
     "aborts-finished-requests": make_abort(finished_too=True),
     "forgets-to-mark-it-finished": make_abort(mark=False),
     "returns-nothing": make_abort(ret=False),
+    "takes-the-head-of-the-queue": make_abort(head=True),
+    "always-the-default-reason": make_abort(keep_reason=False),
+    "aborts-a-rejected-request": make_abort(finished="state"),
+    "finish-time-from-time.time": make_abort(clock="epoch"),
+    "no-finish-time": make_abort(clock="none"),
 }
 
 
@@ -275,8 +341,9 @@ def check_all(abort) -> None:
 
 
 @CHECKS
-def test_a_correct_version_passes():
-    check_all(make_abort())
+@pytest.mark.parametrize("right", [make_abort(), abort_by_search], ids=["written-out", "searching-each-place"])
+def test_a_correct_version_passes(right):
+    check_all(right)
 
 
 @CHECKS

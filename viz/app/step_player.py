@@ -19,7 +19,7 @@ from minillm.engine.trace import Trace
 from minillm.errors import MinillmError
 from minillm.model.checkpoint import load_model
 from minillm.runs import trace_file
-from minillm.runs.metrics import busy_seats, utilization_now
+from minillm.runs.metrics import one_user_left, utilization_now
 from minillm.runs.run import run_workload
 from minillm.runs.workload import SEED_STORY_SLOTS, WORKLOADS, ChatKnobs
 from viz import plot_occupancy
@@ -218,12 +218,10 @@ def story_moment(players: list[tuple[str, TracePlayer]]) -> str:
     static, continuous = traces.get("static"), traces.get("continuous")
     if static is None or continuous is None or static.config.get("workload") != "seed-story":
         return ""
-    alone = {s.step for s in static.steps if busy_seats(s) == 1 and any(e[2] == "held" for e in s.seats)}
-    if not alone:
+    moment = one_user_left(static)  # the first stretch: one user left in the first batch
+    if moment is None:
         return ""
-    first = last = min(alone)  # the first such stretch: one user left in the first batch
-    while last + 1 in alone:
-        last += 1
+    first, last = moment
     who = next(rid for _, rid, state, _, _ in static.steps[first].seats if state in ("prefill", "decode"))
     now_s, now_c = utilization_now(static, first), utilization_now(continuous, min(first, len(continuous.steps) - 1))
     return (

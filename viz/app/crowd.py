@@ -1,0 +1,159 @@
+"""The what-if view's bottom half: a crowd served on the chosen card, simulated, static beside continuous.
+
+The same engine, schedulers and block allocator that serve the tiny model, on a simulated clock (card/simulate.py):
+every reply has its planned length, each step costs what the cost model says it costs on the card. Every control
+must redraw within about 3 s on a 2-core laptop, so a simulation has a work budget (CROWD_WORK): the two policies
+advance together on the simulated clock, and when it is spent both stop at the same simulated moment and the view
+says how much of the crowd that left out. A budget keeps the crowd the one asked for (up to MAX_REQUESTS) and the
+two runs comparable, and a run the same on every machine (it stops at the same step, whatever the machine's
+speed). Each setting is simulated once per session (st.cache_resource): going back to one is instant.
+"""
+
+from __future__ import annotations
+
+import streamlit as st
+
+from minillm.card import whatif
+from minillm.card.hardware import get_device
+from minillm.card.modelspec import load_spec
+from minillm.card.simulate import MAX_NUM_SEQS, SimulatedRunner
+from minillm.engine.trace import Trace
+from minillm.errors import MinillmError
+from minillm.runs.run import workload_engine
+from minillm.runs.workload import ALL_WORKLOADS, SIMULATED_WORKLOADS, ChatKnobs
+from viz.app import presenter
+from viz.app.playback import Transport, play, seats_busy_headline
+from viz.player import TracePlayer
+
+RATES_PER_S = [0.5, 1, 2, 4, 8, 16, 32, 1000]
+BUDGETS = [None, 0, 64, 128, 256, 512, 1024, 2048, 4096, 8192]  # None: the card's default (simulate.py)
+SCHEDULERS = {"static": "static batching", "continuous": "continuous batching"}
+WORKLOADS = list(SIMULATED_WORKLOADS) + [w for w in ALL_WORKLOADS if w not in SIMULATED_WORKLOADS]
+
+
+def budget_label(budget: int | None) -> str:
+    return "auto" if budget is None else "none" if budget == 0 else str(budget)
+
+
+CROWD_WORK = 7_500  # engine steps, plus seat entries / 11, both policies together: about a second of simulation on
+# this project's 2-core machine shared with other work (a step cost about 140 us, each seat in it, held or working,
+# about 12 us more). The default crowd needs about 7,000, so it is simulated to its end.
+SEAT_WORK = 1 / 11
+MAX_REQUESTS = 500  # a crowd of 2,000 took 3 s just to draw and submit (long Azure prompts, checked token by token)
+PREFIX_WORK_PER_BLOCK = 1 / 500  # with prefix caching a step also counts the pool's cached free blocks: O(pool)
+
+
+def crowd_settings() -> dict:
+    row = st.columns([1.3, 1, 1.2, 1.1, 1.15, 1.35])
+    azure = "azure-conv / azure-code: prompt and reply lengths from Azure's 2023 LLM inference trace"
+    workload = row[0].selectbox("workload", WORKLOADS, key="wi_workload", help=azure)
+    return {
+        "workload": workload,
+        "requests": row[1].number_input("requests", 1, MAX_REQUESTS, 50, key="wi_requests",
+                                        help=f"at most {MAX_REQUESTS}: building and queueing a crowd costs time too"),
+        "rate_per_s": row[2].select_slider("arrivals per s", RATES_PER_S, 4, key="wi_rate",
+                                           help="arrivals per second (Poisson); 1000: everyone at once"),  # fmt: skip
+        "token_budget": row[3].select_slider("token budget", BUDGETS, None, key="wi_budget",
+                                             format_func=budget_label,
+                                             help="auto: vLLM's server default for the card (8192 from 70 GiB, "
+                                             "else 2048)"),  # fmt: skip
+        "slots": row[4].number_input("seats (0: auto)", 0, MAX_NUM_SEQS, 0, key="wi_slots",
+                                     help="0: one seat for each user that fits at the context above (at most 256)"),
+        "prefix_caching": row[5].toggle("prefix cache", False, key="wi_prefix",
+                                        help="requests whose prompts start alike share those KV blocks"),
+    }  # fmt: skip
+
+
+@st.cache_resource(max_entries=8, show_spinner=False)  # a simulated trace stays a few MB in memory
+def simulated_crowd(card: str, model: str, dtype: str, kv_dtype: str, context: int, workload: str, requests: int,
+                    rate_per_s: float, token_budget: int | None, slots: int, prefix_caching: bool
+                    ) -> tuple[dict[str, Trace], bool]:  # fmt: skip
+    """Both policies on the same crowd, advanced together on the simulated clock (the one that is behind takes the
+    next step) until both are done or CROWD_WORK is spent. Returns {scheduler: trace} and whether it stopped early."""
+    spec, device = load_spec(model), get_device(card, "auto")
+    seats = slots or max(1, min(MAX_NUM_SEQS, whatif.plan(spec, device, dtype, kv_dtype, context)["max_users"]))
+    engines = {}
+    for scheduler in SCHEDULERS:
+        runner = SimulatedRunner(spec, device, dtype, kv_dtype)
+        runner.max_len = context  # the longest context a user may hold: longer requests are turned away
+        knobs = ChatKnobs(requests=requests, rate_per_s=rate_per_s)
+        engines[scheduler] = workload_engine(runner, workload, scheduler, knobs=knobs, slots=seats,
+                                             token_budget=token_budget, prefix_caching=prefix_caching)  # fmt: skip
+    work, per_step = 0.0, 1 + (PREFIX_WORK_PER_BLOCK * engines["static"].cache.num_blocks if prefix_caching else 0)
+    while work < CROWD_WORK:
+        busy = [e for e in engines.values() if e.has_work()]
+        if not busy:
+            break
+        record = min(busy, key=lambda e: e.clock.now()).step()
+        work += per_step + SEAT_WORK * len(record.seats)
+    cut = any(e.has_work() for e in engines.values())
+    return {name: e.trace() for name, e in engines.items()}, cut
+
+
+@st.cache_resource(max_entries=8, show_spinner=False)
+def simulated_player(_trace, run_key: tuple, width: int, axis_seconds: float, text_px: int) -> TracePlayer:
+    return TracePlayer(_trace, width, axis_seconds=axis_seconds, text_px=text_px)
+
+
+def summary_table(players: list[tuple[str, TracePlayer]]) -> str:
+    """The whole run of each policy, side by side (markdown)."""
+    ms = lambda v: "–" if v is None else f"{1000 * v:,.0f} ms"
+    lines = ["| | tokens/s | TTFT p50 | TTFT p99 | TPOT p50 | TPOT p99 | seats busy | all done at |", "|---" * 8 + "|"]
+    for title, p in players:
+        s = p.summary
+        done = f"{p.end_s:,.1f} s" if s["finished"] + s["rejected"] == s["requests"] else "(stopped)"
+        lines.append(
+            f"| **{title}** | {s['tokens_per_s']:,.0f} | {ms(s['ttft_p50_s'])} | {ms(s['ttft_p99_s'])} | "
+            f"{ms(s['tpot_p50_s'])} | {ms(s['tpot_p99_s'])} | {s['slot_utilization']:.0%} | {done} |"
+        )
+    return "\n".join(lines)
+
+
+def crowd_notes(players: list[tuple[str, TracePlayer]], settings: dict, context: int, cut: bool) -> str:
+    """The seats, the pool, and what the simulation left out (requests too long for the context, a stop)."""
+    config, summary = players[0][1].trace.config, players[0][1].summary
+    seats = f"{config['slots']} seats" + ("" if settings["slots"] else f" (one per user that fits at {context:,})")
+    notes = [f"{seats}, {config['num_blocks']:,} KV blocks of {config['block_size']} tokens, token budget "
+             f"{config['token_budget'] or 'none'}."]  # fmt: skip
+    if summary["rejected"]:
+        notes.append(f"{summary['rejected']} of {summary['requests']} requests were turned away: longer than the "
+                     f"{context:,}-token context.")  # fmt: skip
+    if cut:
+        until = min(p.end_s for _, p in players)
+        left = max(p.summary["requests"] - p.summary["finished"] - p.summary["rejected"] for _, p in players)
+        notes.append(
+            f"Simulated up to {until:,.1f} s, where the work budget of a quick redraw ran out: {left} requests were "
+            "still waiting or running (fewer requests, or more seats, simulate to the end)."
+        )
+    return " ".join(notes)
+
+
+def crowd_view(choice: dict) -> None:
+    st.subheader("A crowd on this card, simulated")
+    if not presenter.on():
+        st.caption(
+            "The same engine, schedulers and block allocator that serve the tiny model, with the model's forward "
+            "replaced by the roofline's time for each step on this card: every reply has its planned length, the "
+            "clock is simulated seconds. Runs advance together in time: a continuous step, with newcomers' prompt "
+            "chunks in it, takes longer than a static one."
+        )
+    settings = crowd_settings()
+    card = {k: choice[k] for k in ("card", "model", "dtype", "kv_dtype", "context")}
+    try:
+        with st.spinner(f"Simulating {settings['requests']} {settings['workload']} requests, static and continuous…"):
+            traces, cut = simulated_crowd(**card, **settings)
+    except MinillmError as e:
+        st.error(str(e))
+        return
+    if not all(trace.steps for trace in traces.values()):
+        st.warning(f"Nothing to replay: every request was turned away (longer than the {choice['context']:,}-token "
+                   "context?).")  # fmt: skip
+        return
+    end = max(trace.steps[-1].time_s for trace in traces.values())
+    width, text_px = presenter.chart_width(2, 700), presenter.chart_text_px(12)
+    key = (*card.values(), *settings.values())
+    players = [(SCHEDULERS[name], simulated_player(trace, (name, *key), width, end, text_px))
+               for name, trace in traces.items()]  # fmt: skip
+    st.markdown(f"{crowd_notes(players, settings, choice['context'], cut)} Over the whole run:\n\n"
+                f"{summary_table(players)}")  # fmt: skip
+    play(players, Transport("sim_", speed=10), headline=seats_busy_headline)
