@@ -33,6 +33,7 @@ from minillm.training import tasks
 KS = (2, 4, 8)
 CROWDS = ("countdown", "spell")
 CONTEXT = {"countdown": 180, "spell": 30}  # tokens a row holds, mid-window: a prompt and half a reply
+NEWCOMERS = {"countdown": None, "spell": (14, 30)}  # (prompt, reply) tokens of a newcomer taking a seat: spell 123456
 GOAL_SPEEDUP_AT_1 = 1.8  # tokens/s with k = 4 guesses over without, one user counting down, the shipped draft
 GOAL_CROSSOVER_WITHIN = 2.0  # the measured crossover batch within this factor of the predicted one
 CONTEXT_CARDS, CARDS, ALPHAS = 1024, ("rtx-4090", "h100-sxm"), (0.6, 0.7, 0.8, 0.9)
@@ -137,7 +138,7 @@ def predictions(model, draft, measured: dict[str, list[dict]], batches, cal: dic
         mine = out[task] = {"alpha": {}, "speedup": {}, "crossover": {}}  # keyed by str(k), as JSON reads them back
         for k in ks:
             alpha = alpha_from_tokens(statistics.median(r[f"k{k}_tokens_per_row"] for r in rows), k)
-            cost = lambda batch, k=k, alpha=alpha, context=CONTEXT[task]: here.cost(batch, k, alpha, context)
+            cost = lambda batch, k=k, alpha=alpha, task=task: here.cost(batch, k, alpha, CONTEXT[task], NEWCOMERS[task])
             mine["alpha"][str(k)] = alpha
             mine["speedup"][str(k)] = [cost(b).speedup for b in batches]
             mine["crossover"][str(k)] = crossover(cost, largest=2048)

@@ -70,6 +70,10 @@ class SpeculationCost:
     verify_s: float  # one verify step: every row k + 1 tokens
     draft_s: float  # one draft step (a speculative step runs k of them)
     tokens_per_row: float  # E: what a verify row gains per step
+    # users who leave and newcomers in their seats: seconds of prompt work per output token (the model's, the same
+    # with or without speculation; the draft's own, speculation only)
+    prefill_s: float = 0.0
+    draft_prefill_s: float = 0.0
 
     @property
     def speculative_s(self) -> float:
@@ -77,11 +81,11 @@ class SpeculationCost:
 
     @property
     def plain_tokens_per_s(self) -> float:
-        return self.batch / self.decode_s
+        return 1 / (self.decode_s / self.batch + self.prefill_s)
 
     @property
     def speculative_tokens_per_s(self) -> float:
-        return self.batch * self.tokens_per_row / self.speculative_s
+        return 1 / (self.speculative_s / (self.batch * self.tokens_per_row) + self.prefill_s + self.draft_prefill_s)
 
     @property
     def speedup(self) -> float:
@@ -173,14 +177,22 @@ class ThisMachine:
         self.calls = {new: step_calls(model, 2, 16, new) for new in range(1, MAX_SPECULATE + 2)}
         self.draft_calls = step_calls(draft, 2, 16)
 
-    def cost(self, batch: int, k: int, alpha: float, context: int) -> SpeculationCost:
+    def cost(self, batch: int, k: int, alpha: float, context: int, newcomers: tuple[int, int] | None = None):
+        """newcomers: (prompt, reply) tokens of the users who take the seats of those who leave: each prompt rides
+        in a step (its work priced without calls: the step's are counted already), and the draft reads it too."""
         from minillm.card.opcost import step_bill
 
         rows = lambda new: [(new, context)] * batch
         decode = step_bill(self.target, self.cal, rows(1), self.calls[1]).time_s
         verify = step_bill(self.target, self.cal, rows(k + 1), self.calls[k + 1], logits_rows=batch * (k + 1))
         draft_step = step_bill(self.small, self.cal, rows(1), self.draft_calls).time_s
-        return SpeculationCost(batch, k, alpha, decode, verify.time_s, draft_step, expected_tokens(alpha, k))
+        prefill = draft_prefill = 0.0
+        if newcomers:
+            prompt, reply = newcomers
+            prefill = step_bill(self.target, self.cal, [(prompt, 0)], 0, logits_rows=1).time_s / reply
+            draft_prefill = step_bill(self.small, self.cal, [(prompt, 0)], 0, logits_rows=1).time_s / reply
+        return SpeculationCost(batch, k, alpha, decode, verify.time_s, draft_step, expected_tokens(alpha, k), prefill,
+                               draft_prefill)  # fmt: skip
 
 
 def users_that_fit(target: ModelSpec, draft: ModelSpec, device: Device, context: int, dtype: str = "bf16") -> int:
