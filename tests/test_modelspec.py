@@ -18,6 +18,7 @@ PUBLISHED = {
     "qwen2.5-7b": 7_615_616_512,  # Qwen/Qwen2.5-7B: safetensors.total
     "qwen3-0.6b": 596_049_920,  # Qwen/Qwen3-0.6B: transformers' model.num_parameters()
     "llama-2-7b": 6_738_415_616,  # meta-llama/Llama-2-7b-hf: llama.cpp's general.parameter_count, transformers' too
+    "llama-3.2-1b": 1_235_814_400,  # meta-llama/Llama-3.2-1B: model.safetensors holds 2,471,628,800 bytes of bf16
 }
 
 
