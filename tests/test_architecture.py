@@ -23,9 +23,10 @@ CORE = ("engine", "model")
 # after the step's record (issue 19); fused q/k/v and gate/up, with files kept in Llama's layout (issue 22).
 # Issue 24 added a new idea to the core, speculative decoding: engine/speculate.py (the drafters, acceptance,
 # rollback: 190 lines) and what it needs elsewhere (a request's draft, verify rows in packing and the runner, the
-# allocator's truncate, the guesses in the trace): 1,945 -> 2,207 lines.
+# allocator's truncate, the guesses in the trace): 1,945 -> 2,207 lines; verify rows' query heads folded onto their
+# kv heads in attention, as decode rows' are (3x faster attention at 128 rows of 3 tokens): 2,217.
 # Growing past this is a decision, made here with its reason, not a drift.
-CORE_MAX_LINES = 2_210
+CORE_MAX_LINES = 2_220
 FILE_MAX_LINES = 300
 
 

@@ -78,6 +78,21 @@ def test_decode_attention_with_query_heads_folded_equals_the_formula(n_heads, n_
     torch.testing.assert_close(attend(q, k, v, torch.where(mask, 0.0, float("-inf"))), expected)
 
 
+@pytest.mark.parametrize("n_heads,n_kv_heads", [(8, 2), (8, 1)])
+@pytest.mark.parametrize("rows,tokens", [(5, 2), (4, 5), (6, 9), (5, 17), (2, 5)])
+def test_verify_rows_with_query_heads_folded_equal_the_formula(rows, tokens, n_heads, n_kv_heads):
+    """A few queries on each of many rows (speculation's verify rows) fold as decode rows do; each query sees the
+    keys up to its own position. Past FOLD_MAX_TOKENS, or on fewer than FOLD_MIN_ROWS rows, attend does not fold."""
+    g = torch.Generator().manual_seed(4)
+    q = torch.randn(rows, tokens, n_heads, 16, generator=g)
+    k, v = torch.randn(rows, 40, n_kv_heads, 16, generator=g), torch.randn(rows, 40, n_kv_heads, 16, generator=g)
+    starts = torch.randint(0, 40 - tokens, (rows, 1), generator=g)
+    mask = visible_mask(starts + torch.arange(tokens), 40)  # (rows, tokens, 40)
+    expected = reference_attention(q, k, v, mask)
+    torch.testing.assert_close(attend(q, k, v, mask), expected)
+    torch.testing.assert_close(attend(q, k, v, torch.where(mask, 0.0, float("-inf"))), expected)
+
+
 @pytest.mark.parametrize("layout", ["paged", "contiguous"])
 def test_a_ragged_step_through_a_cache_equals_llama_written_out(layout):
     """Rows cached to different lengths, then one step with decode rows and two prompt chunks (three groups)."""

@@ -99,7 +99,7 @@ def markdown(r: dict) -> list[str]:
 
     rows, before = r["rows"], r["before"]
     header = " | ".join(f"batch {x['batch']}: calls | share" for x in rows)
-    lines = ["## Torch calls per decode step", "",
+    lines = ["## 12. Torch calls per decode step", "",
              f"One paged decode step of the shipped model ({r['context']} cached tokens per row): torch calls by kind, "
              "counted (not timed) with a TorchFunctionMode (`card.measure.torch_calls`), before issue 22's "
              "changes and now. Each call pays a fixed cost of a few microseconds here, the CPU's kernel launch.", "",

@@ -87,9 +87,8 @@ def markdown(results: dict, command: str, plot_dir: str | None = None) -> str:
     lines = [f"Machine: {results['machine']} ({results['device']}); run {results['date']}.", "",
              f"Command: `{command}`", ""]  # fmt: skip
 
-    def img(name):
-        if plot_dir:
-            lines.extend([f"![{name}]({plot_dir}/{name}.png)", ""])
+    def img(name) -> list[str]:  # a plot's lines, for a section to place after its own text
+        return [f"![{name}]({plot_dir}/{name}.png)", ""] if plot_dir else []
 
     if "batching" in results:
         r = results["batching"]
@@ -101,11 +100,11 @@ def markdown(results: dict, command: str, plot_dir: str | None = None) -> str:
             "",
             f"Goal: tokens/s at 64 sequences at least {r['goal']:.0f}x tokens/s at 1. Measured "
             f"{r['speedup_64_vs_1']:.1f}x: {verdict(r['met'])}. Most of a decode step of the tiny model on "
-            "a CPU is a fixed cost per torch call (section 13, lesson 7), paid once whatever the batch, so extra rows "
+            "a CPU is a fixed cost per torch call (section 12, lesson 7), paid once whatever the batch, so extra rows "
             "ride almost free until the per-row work dominates (on a GPU with a big model: reading the weights).",
             "",
         ]
-        img("batching")
+        lines += img("batching")
     if "paged_step" in results:
         r = results["paged_step"]
         lines += [
@@ -119,7 +118,7 @@ def markdown(results: dict, command: str, plot_dir: str | None = None) -> str:
         lines += ["", f"Goal: paged at most {r['goal']}x contiguous at 32 sequences. Worst measured at 32: "
                   f"{r['worst_ratio_at_32']:.2f}x: {verdict(r['met'])}. Both layouts gather each row's keys "
                   "with one indexing op; paging adds only the block-table lookup.", ""]  # fmt: skip
-        img("paged_step")
+        lines += img("paged_step")
     if "static_vs_continuous" in results:
         r = results["static_vs_continuous"]
         lines += ["## 2. Static vs continuous batching", "",
@@ -138,7 +137,7 @@ def markdown(results: dict, command: str, plot_dir: str | None = None) -> str:
                   "The speedup tracks the ideal: it is bounded by how long static batching's seats sit idle behind "
                   "the longest reply of each batch, which the reply-length spread of the workload sets.",
                   ""]  # fmt: skip
-        img("static_vs_continuous")
+        lines += img("static_vs_continuous")
     if "memory" in results:
         r = results["memory"]
         lines += [
@@ -157,7 +156,7 @@ def markdown(results: dict, command: str, plot_dir: str | None = None) -> str:
         lines += ["", f"Goal: paged KV waste at most {r['goal_paged_waste']:.0%}: {verdict(r['met'])} "
                   f"({r['paged']['kv_waste']:.1%}). Paged waste is only the unfilled tail of each sequence's last "
                   "block, so it shrinks as sequences grow longer than a block.", ""]  # fmt: skip
-        img("memory")
+        lines += img("memory")
     if "overhead" in results:
         r = results["overhead"]
         lines += ["## 4. Engine overhead", "",
@@ -178,7 +177,7 @@ def markdown(results: dict, command: str, plot_dir: str | None = None) -> str:
             "room for more seats in the same memory. Each helps alone; together they help most.",
             "",
         ]
-        img("two_by_two")
+        lines += img("two_by_two")
     lines += scheduling.markdown(results, img)
     lines += roofline.markdown(results, img)
     if "calls" in results:
@@ -196,7 +195,7 @@ def markdown(results: dict, command: str, plot_dir: str | None = None) -> str:
         lines += (
             server_markdown(results["server"])
             if "server" in results
-            else ["## 12. The engine behind an HTTP server", ""]
+            else ["## 14. The engine behind an HTTP server", ""]
         )
         lines += markdown_transformers(results["transformers_server"]) if "transformers_server" in results else []
     if "speculation" in results:

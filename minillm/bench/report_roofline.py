@@ -129,7 +129,7 @@ def markdown(results: dict, img) -> list[str]:
                      f"{r['prefill']['worst_abs_error']:.0%}")  # fmt: skip
     lines += ["", f"Goals: median at most {g['median']:.0%} and worst at most {g['worst']:.0%} for every size, prompt "
               f"chunks within {g['prefill']:.0%}: {verdict(r['met'])}.", ""]  # fmt: skip
-    img("roofline")
+    lines += img("roofline")
     return lines + published_markdown(r["published"])
 
 

@@ -71,7 +71,7 @@ def markdown(results: dict, img) -> list[str]:
                 "",
             ]
             lines += latency_table(card["rows"]) + [""]
-        img("chunked_prefill")
+        lines += img("chunked_prefill")
     if "prefix_caching" in results:
         r = results["prefix_caching"]
         off, on = r["off"], r["on"]
@@ -86,7 +86,7 @@ def markdown(results: dict, img) -> list[str]:
         lines += ["", f"Goal: at least {r['goal_reduction']:.0f}x fewer prompt tokens computed, a lower TTFT p50, "
                   f"identical outputs. Measured {r['prefill_reduction']:.1f}x fewer, outputs identical: "
                   f"{r['outputs_identical']}: {verdict(r['met'])}.", ""]  # fmt: skip
-        img("prefix_caching")
+        lines += img("prefix_caching")
     if "packing" in results:
         r = results["packing"]
         lines += ["## 8. One ragged forward per step", "",

@@ -131,7 +131,7 @@ def bench_server(model: Transformer, s) -> dict:
 def markdown(r: dict) -> list[str]:
     verdict = "**met**" if r["met"] else "**not met**"
     rounds = ", ".join(f"{x:.2f}" for x in r["ratios"])
-    return ["## 12. The engine behind an HTTP server", "",
+    return ["## 14. The engine behind an HTTP server", "",
             f"`python -m minillm serve` ({SLOTS} seats; its engine in a process of its own, beside the HTTP one), "
             f"the load generator in the bench's process: {r['requests']} `chat` users sent at once, in "
             f"{len(r['ratios'])} rounds (the same users offline, through the server, and through `serve --engine "

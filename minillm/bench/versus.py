@@ -111,7 +111,7 @@ def bench_vs_transformers(model: Transformer, s) -> dict:
 def markdown(r: dict) -> list[str]:
     from minillm.bench.report_scheduling import verdict
 
-    lines = ["## minillm against transformers' generate", ""]
+    lines = ["## 13. minillm against transformers' generate", ""]
     if "skipped" in r:
         return lines + [r["skipped"], ""]
     one = r["single_user"]
