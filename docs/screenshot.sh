@@ -36,7 +36,9 @@ if $all; then
     python docs/screenshot.py "http://localhost:$port/" "docs/present-what-if-$size.png" \
       --present --view what-if --size "${size/x/,}" --check-labels
   done
-  ls -l docs/app.png docs/present-*.png
+  python docs/screenshot.py "http://localhost:$port/?step=14&speculate=4" docs/app-speculation.png --present \
+    --size 1280,1500  # the chat windows below the charts: each step's kept guesses underlined
+  ls -l docs/app.png docs/app-speculation.png docs/present-*.png
   exit
 fi
 out="${OUT:-docs/app.png}"
