@@ -15,7 +15,7 @@ import time
 
 import httpx
 
-from minillm.bench.server import free_port
+from minillm.bench.server import answering, free_port
 
 CHAT = "/v1/chat/completions"
 
@@ -24,16 +24,7 @@ def start_server(port: int, drain_s: float) -> subprocess.Popen:
     command = [sys.executable, "-m", "minillm", "serve", "--port", str(port), "--slots", "3", "--drain-s", str(drain_s)]
     server = subprocess.Popen(command, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True,
                               start_new_session=True, env=os.environ | {"PYTHONUNBUFFERED": "1"})  # fmt: skip
-    deadline = time.monotonic() + 120
-    while time.monotonic() < deadline:
-        assert server.poll() is None, server.stderr.read()
-        try:
-            if httpx.get(f"http://127.0.0.1:{port}/health", timeout=1).status_code == 200:
-                return server
-        except httpx.HTTPError:
-            time.sleep(0.1)
-    server.kill()
-    raise AssertionError("the server did not start")
+    return answering(server, f"http://127.0.0.1:{port}/health", 120, "the server")
 
 
 def body(prompt: str, **options) -> dict:

@@ -36,22 +36,29 @@ SLOTS = 8  # `serve`'s and `run`'s default seats
 RATIO_GOAL, TTFT_ADDED_GOAL_S = 0.95, 0.003
 
 
+def answering(server: subprocess.Popen, url: str, within_s: float, what: str) -> subprocess.Popen:
+    """`server` (started with stderr=PIPE) once `url` answers 200; a RuntimeError that says why when it exits first
+    (the last line it wrote) or stays silent."""
+    deadline = time.monotonic() + within_s
+    while time.monotonic() < deadline:
+        if server.poll() is not None:
+            why = server.stderr.read().strip().splitlines()
+            raise RuntimeError(f"{what} cannot start here: {why[-1] if why else server.returncode}")
+        try:
+            if httpx.get(url, timeout=1).status_code == 200:
+                return server
+        except httpx.HTTPError:
+            time.sleep(0.2)
+    server.kill()
+    raise RuntimeError(f"{what} did not answer {url} within {within_s:.0f} s")
+
+
 def start_server(port: int, engine: str = "process") -> subprocess.Popen:
     """`python -m minillm serve` on the shipped model, once it answers /health."""
     command = [sys.executable, "-m", "minillm", "serve", "--port", str(port), "--slots", str(SLOTS), "--engine", engine]
     server = subprocess.Popen(command, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True,
                               env=os.environ | {"PYTHONUNBUFFERED": "1"})  # fmt: skip
-    deadline = time.monotonic() + 120
-    while time.monotonic() < deadline:
-        if server.poll() is not None:
-            raise RuntimeError(f"the server did not start: {server.stderr.read().strip()[-500:]}")
-        try:
-            if httpx.get(f"http://127.0.0.1:{port}/health", timeout=1).status_code == 200:
-                return server
-        except httpx.HTTPError:
-            time.sleep(0.2)
-    server.kill()
-    raise RuntimeError("the server did not answer /health within 120 s")
+    return answering(server, f"http://127.0.0.1:{port}/health", 120, "the server")
 
 
 def start_transformers_serve(folder, port: int, continuous_batching: bool = True) -> subprocess.Popen:
@@ -63,18 +70,7 @@ def start_transformers_serve(folder, port: int, continuous_batching: bool = True
     command = [sys.executable, "-m", "transformers.cli.transformers", "serve", str(folder), "--port", str(port),
                "--device", "cpu", "--log-level", "error"] + ["--continuous-batching"] * continuous_batching  # fmt: skip
     server = subprocess.Popen(command, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
-    deadline = time.monotonic() + 180
-    while time.monotonic() < deadline:
-        if server.poll() is not None:
-            why = server.stderr.read().strip().splitlines()
-            raise RuntimeError(f"transformers serve cannot start here: {why[-1] if why else server.returncode}")
-        try:
-            if httpx.get(f"http://127.0.0.1:{port}/v1/models", timeout=1).status_code == 200:
-                return server
-        except httpx.HTTPError:
-            time.sleep(0.3)
-    server.kill()
-    raise RuntimeError("transformers serve did not answer within 180 s")
+    return answering(server, f"http://127.0.0.1:{port}/v1/models", 180, "transformers serve")
 
 
 def free_port() -> int:
