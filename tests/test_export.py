@@ -103,7 +103,8 @@ def test_the_chat_template_writes_encode_prompts_format():
 
 
 def test_the_tokenizer_and_template_give_minillms_ids(tmp_path):
-    tokenizers = pytest.importorskip("tokenizers", reason="the `tokenizers` package reads tokenizer.json")
+    import tokenizers  # (pinned in requirements.txt: a missing install fails here, it is not skipped)
+
     jinja2 = pytest.importorskip("jinja2.sandbox", reason="jinja2 (it comes with jupyter) renders chat templates")
     export_llama(random_model("gqa"), tmp_path)
     tokenizer = tokenizers.Tokenizer.from_file(str(tmp_path / "tokenizer.json"))
