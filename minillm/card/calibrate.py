@@ -108,6 +108,8 @@ def measure_all(dev: torch.device, s: Sizes, progress: bool) -> dict:
                 out["bandwidth"] = mb.measure_matvec_bandwidth(dev, s.copy_mib, s.repeats)
             elif step.startswith("matmul"):
                 name = step.split()[1]
+                if name != "fp32" and not faster_than_fp32(dev, dtypes[name]):
+                    continue  # (left out below anyway; a CPU without bf16 units took minutes over the big one)
                 out["flops"][name] = mb.measure_matmul(dev, s.matmul_n, dtypes[name], s.repeats)
             elif step == "rows":
                 out["rows_flops"] = {  # (JSON keys are text)
@@ -135,6 +137,12 @@ def measure_all(dev: torch.device, s: Sizes, progress: bool) -> dict:
     flops = out["flops"]  # a dtype slower than fp32 is left out: nobody would run it
     out["flops"] = {name: rate for name, rate in flops.items() if name == "fp32" or rate > flops["fp32"]}
     return out
+
+
+def faster_than_fp32(dev: torch.device, dtype: torch.dtype, n: int = 256) -> bool:
+    """A quick look (milliseconds) before the big matmul: does `dtype` multiply faster than fp32 here at all? A CPU
+    that emulates bfloat16 runs it several times slower, and a 2048-wide matmul of it then takes seconds per call."""
+    return mb.measure_matmul(dev, n, dtype, 3) > mb.measure_matmul(dev, n, torch.float32, 3)
 
 
 def calibrate(device: str = "auto", sizes: Sizes | None = None, progress: bool = True, save: bool = True) -> dict:

@@ -21,6 +21,7 @@ keeps it too: its failures are for whoever develops the checks.
 
 from __future__ import annotations
 
+import functools
 import re
 import sys
 from pathlib import Path
@@ -46,6 +47,20 @@ def pytest_addoption(parser):
     group.addoption("--nbmake-timeout", type=int, default=300, help="seconds one cell may take (default 300)")
     group.addoption("--nbmake-kernel", default=None, help="the Jupyter kernel to run notebooks in")
     group.addoption("--nbmake-find-import-errors", action="store_true", default=False, help="report import errors only")
+
+
+WORKERS = 2  # the whole suite runs on this many processes (pytest-xdist), at most one per core
+
+
+@pytest.hookimpl(tryfirst=True)  # before xdist's own (one per core)
+def pytest_xdist_auto_num_workers(config) -> int:
+    """`-n auto` (pyproject.toml): the whole suite (`python -m pytest`, no paths given) runs on two processes, which
+    halves its time on an idle 2-core machine; anything narrower (a file, a test, `-m lessonNN`) runs in this process,
+    without the workers' start-up (a few seconds) that would dwarf a lesson's checks."""
+    import os
+
+    whole_suite = config.args_source == pytest.Config.ArgsSource.TESTPATHS and lessons_selected(config) is None
+    return min(WORKERS, os.cpu_count() or 1) if whole_suite else 0
 
 
 BRIEF = pytest.StashKey[bool]()
@@ -165,9 +180,56 @@ def pytest_ignore_collect(collection_path: Path, config):
     return None if collection_path.name in wanted else True
 
 
+KERNEL_START_S = 120  # how long a notebook kernel may take to start (nbclient: 60 s, which ran out under load); twice
+# fits in the per-test time limit (pyproject.toml)
+
+
 def pytest_collect_file(file_path: Path, parent):
     if file_path.suffix == ".ipynb" and ".ipynb_checkpoints" not in file_path.parts:
-        from nbmake.pytest_items import NotebookFile  # only now: the import is slow
-
-        return NotebookFile.from_parent(parent, path=file_path)
+        return notebook_file(file_path, parent)
     return None
+
+
+def notebook_file(file_path: Path, parent):
+    return notebook_classes().from_parent(parent, path=file_path)
+
+
+@functools.cache
+def notebook_classes():
+    """nbmake's notebook test, with a longer kernel start-up and one retry when the kernel fails to start (on a busy
+    machine a kernel sometimes misses its start-up deadline, and nbmake reports an "internal error"). A failing cell
+    is never retried: that is the notebook's own failure."""
+    import nbclient  # only now: the imports are slow
+    import traitlets
+    from nbmake import nb_run
+    from nbmake.pytest_items import NotebookFailedException, NotebookFile, NotebookItem
+
+    class PatientClient(nbclient.NotebookClient):
+        startup_timeout = traitlets.Integer(KERNEL_START_S).tag(config=True)
+
+    nb_run.NotebookClient = PatientClient  # (nbmake builds its client by this name)
+
+    class Notebook(NotebookItem):
+        def runtest(self):
+            try:
+                return super().runtest()
+            except NotebookFailedException:
+                raise
+            except Exception as first:  # the kernel did not start or answer: once more, then say both
+                try:
+                    return super().runtest()
+                except NotebookFailedException:
+                    raise
+                except Exception as second:
+                    raise RuntimeError(
+                        f"the notebook's kernel failed to start twice (start-up timeout {KERNEL_START_S} s each; "
+                        f"first: {type(first).__name__}: {first}; then: {type(second).__name__}: {second})"
+                    ) from second
+
+    class Notebooks(NotebookFile):
+        item_class = Notebook
+
+        def collect(self):
+            yield Notebook.from_parent(self, filename=str(Path(self.fspath)))
+
+    return Notebooks
