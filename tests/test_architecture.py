@@ -15,7 +15,7 @@ import pytest
 PACKAGE = Path(__file__).resolve().parent.parent / "minillm"
 # A folder may import from folders on a lower floor (and from itself); the top-level config.py and errors.py
 # are the ground floor everyone stands on.
-FLOORS = {"errors": 0, "config": 0.5, "model": 1, "engine": 2, "training": 3, "card": 3, "runs": 4, "serving": 5,
+FLOORS = {"errors": 0, "config": 0.5, "model": 1, "grammar": 1.5, "engine": 2, "training": 3, "card": 3, "runs": 4, "serving": 5,
           "bench": 6, "cli": 7, "__main__": 8, "__init__": 8}  # fmt: skip
 CORE = ("engine", "model")
 # The move (issue 18) left the core at 1,882 lines of its ~1,900. What came after, each asked for by an issue: the
@@ -25,8 +25,12 @@ CORE = ("engine", "model")
 # rollback: 190 lines) and what it needs elsewhere (a request's draft, verify rows in packing and the runner, the
 # allocator's truncate, the guesses in the trace): 1,945 -> 2,207 lines; verify rows' query heads folded onto their
 # kv heads in attention, as decode rows' are (3x faster attention at 128 rows of 3 tokens): 2,217.
+# Issue 32 added output that obeys: engine/constrain.py (a row's automaton state, its mask per pick, 90 lines),
+# the mask and the rejection rule of speculative sampling in sampler.py, draws from each request's own streams
+# (batch invariance), guesses per logit position in packing, constraints in the plain loop: 2,434. The compilers
+# (regex, automaton, JSON schema) live beside the core in grammar/, which the core does not import but for DEAD.
 # Growing past this is a decision, made here with its reason, not a drift.
-CORE_MAX_LINES = 2_220
+CORE_MAX_LINES = 2_440
 FILE_MAX_LINES = 300
 
 

@@ -86,32 +86,36 @@ def test_prompt_lookup_continues_from_the_latest_earlier_occurrence():
     assert lookup([4, 4, 4], 5) == [4]  # as much as there is
 
 
-def test_only_greedy_decoding_requests_guess():
+def test_decoding_requests_guess_unless_they_ask_for_logprobs():
     r = Request("a", [1, 2, 3], 5)
     r.num_computed, r.output_ids = 3, [4]
     assert r.is_decoding and speculates(r)
     r.sampling = Sampling(temperature=0.8, seed=1)
-    assert not speculates(r), "a sampled request must not be decoded greedily by acceptance"
+    assert speculates(r), "a sampled request speculates: the rejection rule keeps its distribution"
     r.sampling = Sampling(logprobs=2)
     assert not speculates(r), "logprobs are recorded per token picked: a verify row picks after rejected guesses"
 
 
-def test_sampled_requests_beside_speculating_ones_keep_their_draws():
-    """Greedy and sampled users in one batch with speculation on: the greedy replies are the plain loop's, the
-    sampled ones exactly what they draw without speculation (seeded by position), logprobs one per token."""
+def test_sampled_requests_speculate_beside_greedy_ones_and_their_seeds_reproduce_them():
+    """Greedy and sampled users in one batch with speculation on: the greedy replies are the plain loop's; the
+    sampled one speculates too (the rejection rule), and its seed gives the same reply again, alone or in the crowd;
+    logprobs one per token, never speculated."""
 
     def crowd_():
         return [Request("g0", [257, 5, 6], 16, ignore_eos=True), Request("g1", [257, 7, 8, 9], 12, ignore_eos=True),
                 Request("s0", [257, 5, 6], 16, ignore_eos=True, sampling=Sampling(temperature=0.9, seed=3)),
                 Request("p0", [257, 4], 10, ignore_eos=True, sampling=Sampling(logprobs=2))]  # fmt: skip
 
-    plain, guessed = crowd_(), crowd_()
+    plain, guessed, again = crowd_(), crowd_(), crowd_()
     serve(plain, slots=4)
     engine = serve(guessed, draft=noisy(), speculate=4, slots=4)
+    serve(again[2:3], draft=noisy(), speculate=4, slots=1)  # the sampled user alone
     for a, b in zip(plain, guessed):
-        assert a.output_ids == b.output_ids, a.id
+        if a.id != "s0":
+            assert a.output_ids == b.output_ids, a.id
+    assert again[2].output_ids == guessed[2].output_ids and len(guessed[2].output_ids) == 16
     assert len(guessed[3].output_logprobs) == len(guessed[3].output_ids)
-    assert guessed[0].drafts_verified and not guessed[2].drafts_verified and not guessed[3].drafts_verified
+    assert guessed[0].drafts_verified and guessed[2].drafts_verified and not guessed[3].drafts_verified
     assert_exact_and_nothing_leaked(engine, guessed[:2])
 
 

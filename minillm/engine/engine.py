@@ -27,9 +27,11 @@ from collections import deque
 from torch import nn
 
 from minillm.config import EngineConfig
+from minillm.engine.constrain import advance
 from minillm.engine.packing import pack
 from minillm.engine.request import Request, State
 from minillm.engine.runner import ModelRunner
+from minillm.engine.sampler import give_own_seed
 from minillm.engine.scheduler import Scheduler, check_plan, check_plan_tokens
 from minillm.engine.speculate import speculator_for
 from minillm.engine.trace import StepRecord, Trace, request_record
@@ -72,6 +74,7 @@ class Engine:
             return False
         arrival = lambda r: r.arrival_s if r.arrival_s is not None else r.arrival_step  # (seconds, or steps)
         bisect.insort(self.pending, request, key=arrival)  # same-time arrivals keep submit order
+        give_own_seed(request)  # a sampled request draws from streams of its own (sampler.py)
         self.live[request.id] = request
         return True
 
@@ -87,6 +90,8 @@ class Engine:
                 f"prompt ({len(r.prompt_ids)}) + max_new_tokens ({r.max_new_tokens}) exceeds the context of "
                 f"{self.max_len} tokens"
             )
+        if r.constraint is not None and r.ignore_eos:
+            return "a constrained reply ends where its pattern does: it cannot ignore EOS"
         if not self.cache.can_ever_hold(r.max_cached_tokens):
             return (
                 f"needs up to {self.cache.blocks_to_admit(r.max_cached_tokens)} KV blocks but the whole pool "
@@ -156,7 +161,7 @@ class Engine:
         for (request, _), n in zip(rows, kept):
             self._computed(request, n, kinds[request.id])
         made = {r.id: len(new) for r, new in zip(batch.sampled, replies)}
-        record = self._record(plan, rows, kinds, made, finished, batch.padding_rows, begin)
+        record = self._record(plan, rows, kinds, made, finished, batch, begin)
         for request in finished:  # after the record: a reply's last step still shows the KV it ran on
             self._release(request)
         if self.cfg.debug and hasattr(getattr(self.cache, "allocator", None), "check"):  # the KV books, every step
@@ -214,6 +219,7 @@ class Engine:
                 reason = "eos"
                 break
             request.output_ids.append(token)
+            advance(request, token)  # (a constrained reply: its automaton moves on)
             if len(request.output_ids) == request.max_new_tokens:
                 reason = "length"
                 break
@@ -231,7 +237,7 @@ class Engine:
             self.seats[request.seat] = None
 
     # --- recording -------------------------------------------------------------------------------
-    def _record(self, plan, rows, kinds, made: dict[str, int], finished, padding: int, begin: float) -> StepRecord:
+    def _record(self, plan, rows, kinds, made: dict[str, int], finished, batch, begin: float) -> StepRecord:
         ran = {r.id: n for r, n in rows}
         occupants = {s: r for s, r in enumerate(self.seats) if r is not None}
         seats = []
@@ -253,7 +259,7 @@ class Engine:
             finished=[r.id for r in finished],
             preempted=[r.id for r in plan.preempt],
             tokens=sum(made.values()),
-            padding_rows=padding,
+            padding_rows=batch.padding_rows,
             kv_blocks_used=self.cache.blocks_in_use(list(live)),
             kv_blocks_total=self.cache.num_blocks,
             kv_cached_blocks=self.cache.cached_free_blocks,
@@ -262,6 +268,7 @@ class Engine:
             time_s=round(now, 9),
             drafts={rid: draft for rid, (draft, _) in self.speculator.verified.items()},
             accepted={rid: n for rid, (_, n) in self.speculator.verified.items()},
+            allowed=batch.allowed,  # (constrained rows: how many tokens their masks allowed)
         )
         if self.cfg.record_blocks:
             tables = self.cache.block_map(sorted(live))

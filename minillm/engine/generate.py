@@ -13,6 +13,7 @@ from dataclasses import dataclass
 import torch
 
 from minillm.config import Sampling
+from minillm.engine.constrain import advance
 from minillm.engine.kv_cache import ContiguousKVCache
 from minillm.engine.request import Request
 from minillm.engine.sampler import sample
@@ -50,15 +51,18 @@ def check_request(prompt_ids: list[int], max_new_tokens: int | None, context: in
 @torch.no_grad()
 def generate(model: Transformer, prompt_ids: list[int], max_new_tokens: int | None = None, temperature: float = 0.0,
              top_k: int = 0, seed: int | None = None, use_cache: bool = True, ignore_eos: bool = False,
-             top_p: float = 1.0) -> Generation:  # fmt: skip
+             top_p: float = 1.0, constraint=None) -> Generation:  # fmt: skip
     """Generate a reply to one prompt until EOS or max_new_tokens (default: until the context is full).
 
     ignore_eos: never pick EOS, so the reply runs to exactly max_new_tokens (fixed-length workloads).
-    temperature, top_k, top_p, seed: as the engine's requests sample (sampler.py); temperature 0 is greedy."""
+    temperature, top_k, top_p, seed: as the engine's requests sample (sampler.py); temperature 0 is greedy.
+    constraint: an automaton the reply must follow (grammar/automaton.py): each pick among the tokens it allows."""
     budget = check_request(prompt_ids, max_new_tokens, model.cfg.max_seq_len)
+    if constraint is not None and ignore_eos:
+        raise InputError("a constrained reply ends where its pattern does: it cannot ignore EOS")
     device = next(model.parameters()).device
     request = Request("generate", prompt_ids, budget, ignore_eos=ignore_eos,
-                      sampling=Sampling(temperature, top_p, top_k or 0, seed))  # fmt: skip
+                      sampling=Sampling(temperature, top_p, top_k or 0, seed), constraint=constraint)  # fmt: skip
     cache = ContiguousKVCache(model.cfg, num_seats=1, device=device) if use_cache else None
     sequence = torch.tensor([prompt_ids], device=device)  # (1, T)
     new_input = sequence  # what the model must read this step
@@ -69,10 +73,12 @@ def generate(model: Transformer, prompt_ids: list[int], max_new_tokens: int | No
         else:
             positions = cache.prepare([0], new_input.shape[1])
             logits = model(new_input, positions, cache, last_only=True)  # read only what is new
-        token = sample(logits[:, -1], [request])[0]
+        mask = None if constraint is None else constraint.mask(request.constraint_state, device)[None]  # (1, V)
+        token = sample(logits[:, -1], [request], mask)[0]
         if token == EOS:
             return Generation(reply, "eos")
         reply.append(token)
+        advance(request, token)
         new_input = torch.tensor([[token]], device=device)  # (1, 1)
         sequence = torch.cat([sequence, new_input], dim=1)
     return Generation(reply, "length")

@@ -41,6 +41,7 @@ class Batch:
     logit_index: list[int] = field(default_factory=list)  # flat indices that need logits: each sampling row's last
     # token, and every token of a row that verifies drafts (its last real token, then each draft)
     logit_rows: list[int] = field(default_factory=list)  # the row of each of them
+    allowed: dict[str, int] = field(default_factory=dict)  # constrained rows: tokens their masks allowed (the runner)
 
     @property
     def seats(self) -> list[int]:
@@ -53,6 +54,19 @@ class Batch:
     @property
     def sampled(self) -> list[Request]:
         return [r for r, s in zip(self.requests, self.samples) if s]
+
+    def guesses(self) -> list[tuple[int, object] | None] | None:
+        """Per logit position: at a guessed position of a sampled row, (the guess, the drafter's probabilities or
+        None), which the sampler keeps or replaces by the rejection rule; None elsewhere (None: no such row)."""
+        if not any(d and r.sampling.temperature > 0 for r, d in zip(self.requests, self.drafts)):
+            return None
+        out, seen = [], {}
+        for row in self.logit_rows:
+            r, j = self.requests[row], seen.get(row, 0)
+            seen[row] = j + 1
+            sampled_guess = r.sampling.temperature > 0 and j < self.drafts[row]
+            out.append((r.draft[j], r.draft_q[j] if r.draft_q else None) if sampled_guess else None)
+        return out
 
 
 def pack(rows: list[tuple[Request, int]], padding_rows: int = 0) -> Batch:

@@ -19,6 +19,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 from enum import StrEnum
+from typing import Any
 
 from minillm.config import Sampling
 
@@ -41,6 +42,7 @@ class Request:
     arrival_s: float | None = None  # arrival in seconds on the engine's clock; when set, it rules over arrival_step
     planned_reply: int | None = None  # the reply length a workload drew: a simulated model replies this long, then EOS
     sampling: Sampling = Sampling()  # how its tokens are picked (sampler.py): greedy unless it asks otherwise
+    constraint: Any = None  # a pattern the reply must match: an automaton over bytes (constrain.py), or None
 
     state: State = State.WAITING
     output_ids: list[int] = field(default_factory=list)
@@ -56,6 +58,9 @@ class Request:
     prefill_tokens: int = 0  # prompt (and recomputed) tokens this request ran through the model
     prompt_tokens_from_cache: int = 0  # prompt tokens its first admission took from the prefix cache (not computed)
     draft: list[int] = field(default_factory=list)  # this step's guesses past the last token (speculate.py)
+    draft_q: list = field(default_factory=list)  # a sampled request's: the drafter's distribution for each guess
+    constraint_state: int = 0  # where the constraint's automaton stands after the reply so far
+    rng_seed: int | None = None  # a sampled request's own seed when it gave none (the engine draws it: sampler.py)
     drafts_verified: int = 0  # draft tokens the big model checked, over the request's life
     drafts_accepted: int = 0  # ... and found right (kept in the reply)
     # seconds on the engine's clock since it started

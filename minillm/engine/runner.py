@@ -3,7 +3,8 @@
 The engine decides who runs how many tokens (scheduler.py) and lays the rows out (packing.py);
 a runner turns that batch into next tokens. ModelRunner is the real thing: the KV cache makes room
 for the new tokens, the transformer runs ONE forward over every row, and each row that reached the
-end of its sequence gets its next token (greedy, or drawn as its request asks: sampler.py). A simulated
+end of its sequence gets its next token (greedy, or drawn as its request asks: sampler.py; among the tokens its
+constraint allows, if it has one: constrain.py). A simulated
 card (simulate.py) is another runner with the same two methods: the engine never knows which it drives.
 """
 
@@ -14,6 +15,7 @@ import time
 import torch
 
 from minillm.config import EngineConfig
+from minillm.engine.constrain import allowed_counts, logit_masks
 from minillm.engine.kv_cache import ContiguousKVCache, PagedKVCache
 from minillm.engine.packing import Batch
 from minillm.engine.sampler import sample
@@ -58,4 +60,6 @@ class ModelRunner:
         tokens = torch.tensor(batch.token_ids, device=self.device).view(positions.shape)  # (B, T), else (1, N)
         at = torch.tensor(batch.logit_index, dtype=torch.long, device=self.device)  # (R,) where a token is picked
         logits = self.model(tokens, positions, cache, logits_at=at)  # (R, V)
-        return sample(logits, [batch.requests[i] for i in batch.logit_rows])
+        masks = logit_masks(batch, logits.shape[-1], self.device)  # (R, V) constrained rows' allowed tokens, or None
+        batch.allowed = allowed_counts(batch)  # (for the trace)
+        return sample(logits, [batch.requests[i] for i in batch.logit_rows], masks, batch.guesses())

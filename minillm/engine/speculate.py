@@ -11,13 +11,16 @@ Speculative decoding (Leviathan et al., 2023; Chen et al., 2023) spends that roo
                forward as every other row (so it counts k + 1 tokens against the token budget); its logits at
                every position say what the big model picks after each prefix
   3. accept    keep the guesses while they equal the big model's picks, then take the big model's own pick at
-               the first disagreement (or after the last guess): 1 to k + 1 tokens a step, never a wrong one
+               the first disagreement (or after the last guess): 1 to k + 1 tokens a step, never a wrong one.
+               A sampled row's pick at a guessed position is the guess itself when the rejection rule keeps it
+               (probability min(1, p / q)), else a draw from what p has beyond q (sampler.py): one rule settles both
   4. rollback  the rejected guesses' keys and values sit in both caches: cut them (the paged cache gives the
                blocks past the new length back at once; the draft's cache trims its length)
 
 Every token kept is the big model's own argmax after the same prefix, so under greedy decoding the reply is the
-one the plain loop gives, token for token. It costs k cheap draft forwards and a wider verify row per step;
-it pays while the step is memory-bound (small batches). Batching fills the same idle maths with other users'
+one the plain loop gives, token for token; under sampling, each token is distributed as the big model's own draw.
+It costs k cheap draft forwards and a wider verify row per step; it pays while the step is memory-bound (small
+batches). Batching fills the same idle maths with other users'
 rows instead, so a full batch leaves speculation nothing to win: lesson 11 measures where it stops paying.
 """
 
@@ -28,11 +31,12 @@ import itertools
 import torch
 
 from minillm.config import EngineConfig
+from minillm.engine.constrain import cut_at_first_refusal, draft_masks
 from minillm.engine.kv_cache import ContiguousKVCache
 from minillm.engine.packing import Batch
 from minillm.engine.request import Request
 from minillm.engine.runner import ModelRunner
-from minillm.engine.sampler import sample
+from minillm.engine.sampler import draft_picks
 from minillm.errors import ConfigError
 from minillm.model.checkpoint import DRAFT_CHECKPOINT, load_model
 from minillm.model.tokenizer import EOS
@@ -115,8 +119,13 @@ class ModelDrafter:
             tokens = torch.tensor([t for i in rows for t in feed[i]], device=self.device).view(positions.shape)
             last = torch.tensor(list(itertools.accumulate(counts)), device=self.device) - 1  # (rows,)
             logits = self.model(tokens, positions, self.cache, logits_at=last)  # (rows, V)
-            for i, token in zip(rows, sample(logits, [requests[i] for i in rows])):  # (greedy: see speculates)
+            asking = [requests[i] for i in rows]
+            masks = draft_masks(asking, [drafts[i] for i in rows], logits.shape[-1], self.device)
+            guessed_at = [len(requests[i].output_ids) + step for i in rows]  # the reply position each guess fills
+            for i, (token, q) in zip(rows, draft_picks(logits, asking, guessed_at, masks)):
                 drafts[i].append(token)
+                if q is not None:  # a sampled request's guess: its distribution, for the rejection rule
+                    requests[i].draft_q.append(q)
                 feed[i] = [token]
         return drafts
 
@@ -127,11 +136,10 @@ class ModelDrafter:
 
 
 def speculates(r: Request) -> bool:
-    """A decoding request that picks greedily. One that samples (temperature > 0) draws its tokens: greedy
-    acceptance would turn its reply into the big model's argmax, and keeping its distribution needs the
-    rejection-sampling rule (keep a guess with probability min(1, p / q)), which minillm leaves out. One that
-    asks for logprobs records them as each token is picked: a verify row picks after guesses it may reject."""
-    return r.is_decoding and r.sampling.temperature == 0 and r.sampling.logprobs is None
+    """A decoding request, greedy or sampled (a sampled one's guesses are kept by the rejection rule, sampler.py).
+    One that asks for logprobs does not: it records them as each token is picked, and a verify row picks after
+    guesses it may reject."""
+    return r.is_decoding and r.sampling.logprobs is None
 
 
 class Speculator:
@@ -150,7 +158,8 @@ class Speculator:
         self.proposed = [r for r, _ in asks]
         if asks:
             for r, draft in zip(self.proposed, self.drafter.propose(self.proposed, [k for _, k in asks])):
-                r.draft = draft
+                r.draft = cut_at_first_refusal(r, draft)  # (a constrained reply: a guess outside its pattern and
+                del r.draft_q[len(r.draft) :]  # those after it could never be kept)
 
     def settle(self, batch: Batch, picks: list[int], cache) -> tuple[list[list[int]], list[int]]:
         """Accept each row's guesses and roll back the rest. picks: the runner's tokens, one per logit position.
@@ -176,7 +185,7 @@ class Speculator:
         for r in self.proposed:  # checked, partly checked, or not run at all (stalled; preempted: no seat now)
             if r.seat is not None:  # the draft keeps all but the last token the reply will have: it runs that next
                 self.drafter.rollback(r, r.num_tokens + gained.get(r.id, 0) - 1)
-            r.draft = []
+            r.draft, r.draft_q = [], []
         return replies, kept
 
 

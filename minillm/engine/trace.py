@@ -70,6 +70,7 @@ class StepRecord:
     kv_cached_free: list[int] = field(default_factory=list)  # free blocks still holding a cached prefix (if recorded)
     drafts: dict[str, list[int]] = field(default_factory=dict)  # request id -> the draft tokens its row checked
     accepted: dict[str, int] = field(default_factory=dict)  # request id -> how many of them the model kept
+    allowed: dict[str, int] = field(default_factory=dict)  # constrained request id -> tokens its mask allowed
     time_s: float = 0.0  # seconds since the run began, at the end of this step
 
     @property
