@@ -1,8 +1,9 @@
 """Lesson 05: paging the KV cache. Run: pytest -m lesson05
 
-Your block allocator keeps its books straight under any sequence of appends and frees; your slot
-mapping and paged gather agree with the reference; and all three together serve a crowd through
-the real engine, token for token.
+Your block allocator keeps its books straight under any sequence of appends and frees (a full pool
+included); your slot mapping (an empty chunk too) and paged gather agree with the reference and leave
+their arguments as they were, the gather with one indexing op whatever the batch; and all three
+together serve a crowd through the real engine, token for token.
 
 WRONG (below) lists the mistakes a room makes, each caught; RIGHT, parts written differently that must pass.
 """
@@ -10,11 +11,13 @@ WRONG (below) lists the mistakes a room makes, each caught; RIGHT, parts written
 from __future__ import annotations
 
 import copy
+import math
 import random
 from types import SimpleNamespace
 
 import pytest
 import torch
+from torch.overrides import TorchFunctionMode
 
 from minillm.engine.blocks import BlockAllocator, BlockPoolExhausted
 from minillm.engine.kv_cache import slot_mapping as tensor_slot_mapping
@@ -96,7 +99,10 @@ def assert_exhausted(alloc, seq: int, n: int, why: str) -> None:
     )
 
 
-def append_that_fits(alloc, seq: int, n: int, why: str):
+EXACT_FIT = "blocks that suffice exactly are enough (compare needed > free, not >=)"
+
+
+def append_that_fits(alloc, seq: int, n: int, why: str, hint: str = EXACT_FIT):
     """append(seq, n) when the blocks it needs are free (perhaps exactly): it must not raise."""
     free = alloc.num_free
     try:
@@ -104,7 +110,7 @@ def append_that_fits(alloc, seq: int, n: int, why: str):
     except BlockPoolExhausted as e:
         raise AssertionError(
             f"{why}: append({seq}, {n}) raised BlockPoolExhausted ({e}) with {free} free block(s), enough for it: "
-            "blocks that suffice exactly are enough (compare needed > free, not >=)"
+            + hint
         ) from None
 
 
@@ -135,6 +141,13 @@ def check_exhaustion(Allocator) -> None:
     append_that_fits(alloc, 0, 2, "12 tokens still fit in sequence 0's 3 blocks")
     append_that_fits(alloc, 0, 1, "the 13th token takes the last free block")
     check_books(alloc, {0: 13}, "filling the pool exactly")
+    append_that_fits(  # the free list is empty, yet nothing is needed: the last block has room
+        alloc, 0, 3, "a full pool, tokens 14..16 into sequence 0's last block (it has 3 free slots)",
+        hint="they need no new block (the sequence's last block has room): compare the blocks needed with "
+        "the free ones, not the free list with empty",
+    )  # fmt: skip
+    check_books(alloc, {0: 16}, "a full pool, 3 tokens into the last block's free slots")
+    assert_exhausted(alloc, 0, 1, "a full pool, the 17th token: it needs a new block, and none is free")
 
 
 def check_random_operations(Allocator) -> None:
@@ -174,7 +187,14 @@ def check_slot_mapping(slot_mapping) -> None:
         cases = {"prefill": list(range(size)), "decode": [size - 1], "a chunk": list(range(size // 2, size))}
         for name, positions in cases.items():
             expected = reference_slot_mapping(table, positions, block_size)
-            got = [int(s) for s in slot_mapping(list(table), list(positions), block_size)]
+            given_table, given_positions = list(table), list(positions)
+            got = [int(s) for s in slot_mapping(given_table, given_positions, block_size)]
+            for arg, mine, theirs in (("block_table", given_table, table), ("positions", given_positions, positions)):
+                assert mine == theirs, (
+                    f"block_size {block_size}, {name}: your slot_mapping changed the {arg} list it was given "
+                    f"({theirs[:6]}... became {list(mine)[:6]}...): the caller goes on using it (the engine builds "
+                    "the step's positions from it); build a new list of slots"
+                )
             for p, e, g in zip(positions, expected, got):
                 assert e == g, (
                     f"block_size {block_size}, block table {table}, {name}: position {p} is offset "
@@ -183,6 +203,18 @@ def check_slot_mapping(slot_mapping) -> None:
                     f" = {e}; you gave {g}"
                 )
             assert len(got) == len(expected), f"{name}: expected {len(expected)} slots, got {len(got)}"
+    for table, name in (([3, 0, 5], "no positions (a row with nothing to write this step)"),
+                        ([], "no positions and an empty block table (a sequence with no blocks yet)")):  # fmt: skip
+        try:
+            got = list(slot_mapping(table, [], 4))
+        except NotImplementedError:
+            raise
+        except Exception as e:
+            raise AssertionError(
+                f"{name}: expected no slots, [], but your slot_mapping raised {e!r} (torch.tensor([]) and "
+                "np.array([]) hold floats, which cannot index: give them dtype=torch.long or int)"
+            ) from e
+        assert got == [], f"{name}: expected no slots, [], got {got}"
 
 
 def loop_gather(pool: torch.Tensor, block_tables: torch.Tensor) -> torch.Tensor:
@@ -200,7 +232,14 @@ def check_gather(gather) -> None:
     for block_size in (4, 1, 7):
         pool = torch.arange(10 * block_size * 2 * 3, dtype=torch.float32).reshape(10, block_size, 2, 3)
         block_tables = torch.tensor([[3, 7, 1, 0], [9, 2, 2, 2], [5, 4, 8, 6]])  # row 1 padded with repeats
-        expected, got = loop_gather(pool, block_tables), gather(pool, block_tables)
+        given_pool, given_tables = pool.clone(), block_tables.clone()
+        expected, got = loop_gather(pool, block_tables), gather(given_pool, given_tables)
+        for arg, mine, theirs in (("block_tables", given_tables, block_tables), ("pool", given_pool, pool)):
+            assert torch.equal(mine, theirs), (
+                f"block_size {block_size}: your paged_gather changed the {arg} tensor it was given (an in-place "
+                f"operation: `x *= n` on a tensor writes into it): {arg} {theirs.flatten()[:8].tolist()}... became "
+                f"{mine.flatten()[:8].tolist()}...; the caller gathers the values with the same tables next"
+            )
         shapes = f"expected shape {tuple(expected.shape)}, got {tuple(got.shape)}"
         assert got.shape == expected.shape, f"block_size {block_size}: {shapes}"
         bad = (got != expected).flatten(2).any(-1).nonzero()  # (n, 2): rows and positions that differ
@@ -211,6 +250,31 @@ def check_gather(gather) -> None:
                 f"block_size {block_size}, block tables {block_tables.tolist()}: row {b}, position {p} should be "
                 f"pool[{block}, {p % block_size}] (block_tables[{b}, {p} // {block_size}], offset {p} % {block_size})"
             )
+    calls = {rows: torch_calls(gather, rows, blocks) for rows, blocks in ((1, 1), (6, 5))}
+    assert calls[1] == calls[6], (
+        f"one row of 1 block vs six rows of 5 blocks: your paged_gather makes {calls[1]} torch calls for the one and "
+        f"{calls[6]} for the six: it loops over rows or blocks. Gather every row's blocks with one indexing op "
+        "(pool[block_tables], then one reshape): a loop costs a call per row, in every layer, at every step"
+    )
+
+
+class CountCalls(TorchFunctionMode):
+    """Counts the torch functions and tensor methods called inside it."""
+
+    def __init__(self):
+        super().__init__()
+        self.calls = 0
+
+    def __torch_function__(self, func, types, args=(), kwargs=None):
+        self.calls += 1
+        return func(*args, **(kwargs or {}))
+
+
+def torch_calls(gather, rows: int, blocks: int) -> int:
+    pool, tables = torch.zeros(8, 4, 2, 3), torch.arange(rows * blocks).reshape(rows, blocks) % 8
+    with CountCalls() as counter:
+        gather(pool, tables)
+    return counter.calls
 
 
 # --- the checks: all three inside the real model --------------------------------------------------
@@ -358,11 +422,11 @@ class Allocator:
 
     def __init__(
         self, num_blocks, block_size, floor=False, partial=False, free_keeps_length=False, strict=False, leaks=False,
-        take="front",
+        take="front", empty_refuses=False,
     ):  # fmt: skip
         self.num_blocks, self.block_size = num_blocks, block_size
         self.floor, self.partial, self.free_keeps_length = floor, partial, free_keeps_length
-        self.strict, self.leaks, self.take = strict, leaks, take
+        self.strict, self.leaks, self.take, self.empty_refuses = strict, leaks, take, empty_refuses
         self.free_blocks, self.tables, self.lengths = list(range(num_blocks)), {}, {}
 
     @property
@@ -370,6 +434,8 @@ class Allocator:
         return len(self.free_blocks)
 
     def append(self, seq, num_new=1):
+        if self.empty_refuses and not self.free_blocks:  # even tokens that fit in the last block's room (wrong)
+            raise BlockPoolExhausted("no free blocks")
         old = self.lengths.get(seq, 0)
         if self.floor:  # a new block only when a boundary is passed, not when a token lands in a new block
             needed = (old + num_new) // self.block_size - old // self.block_size
@@ -439,6 +505,43 @@ WRONG = {
 }
 
 
+# Mistakes an edge case names first (each right on the other cases of its check; before those cases two of them
+# passed everything, and three failed only later, named for something else), with the check and its first line.
+def torch_slot_mapping(block_table, positions, block_size):  # wrong on an empty chunk: torch.tensor([]) is float
+    table, p = torch.tensor(block_table), torch.tensor(positions)
+    return (table[p // block_size] * block_size + p % block_size).tolist()
+
+
+def slot_mapping_in_place(block_table, positions, block_size):  # the right slots, written over the caller's list
+    for i, p in enumerate(positions):
+        positions[i] = block_table[p // block_size] * block_size + p % block_size
+    return positions
+
+
+def gather_scaling_the_tables(pool, block_tables):  # the right rows, but `*=` writes into the caller's tables
+    block_tables *= pool.shape[1]  # each block's first slot
+    slots = block_tables[..., None] + torch.arange(pool.shape[1])  # (B, max_blocks, block_size)
+    return pool.flatten(0, 1)[slots.flatten(1)]
+
+
+def gather_row_by_row(pool, block_tables):  # the right rows, one indexing op per row
+    return torch.stack([pool[table].flatten(0, 1) for table in block_tables])
+
+
+EDGE_WRONG = {
+    "allocator-refuses-when-the-free-list-is-empty": (
+        variant(Allocator=allocator(empty_refuses=True)), check_exhaustion, "a full pool, tokens 14..16"),
+    "slot-mapping-in-torch-crashes-on-an-empty-chunk": (
+        variant(slot_mapping=torch_slot_mapping), check_slot_mapping, "no positions (a row with nothing"),
+    "slot-mapping-writes-into-the-positions": (
+        variant(slot_mapping=slot_mapping_in_place), check_slot_mapping, "changed the positions list"),
+    "gather-scales-the-tables-in-place": (
+        variant(paged_gather=gather_scaling_the_tables), check_gather, "changed the block_tables tensor"),
+    "gather-loops-over-rows": (variant(paged_gather=gather_row_by_row), check_gather, "one row of 1 block vs six"),
+}  # fmt: skip
+WRONG |= {name: wrong for name, (wrong, *_) in EDGE_WRONG.items()}
+
+
 def divmod_slot_mapping(block_table, positions, block_size):
     slots = []
     for p in positions:
@@ -452,11 +555,76 @@ def index_select_gather(pool, block_tables):
     return pool.index_select(0, block_tables.flatten()).view(B, -1, *pool.shape[2:])
 
 
+class TokenByTokenAllocator:
+    """Right, written differently: counts the blocks a token at a time, then takes them all or none."""
+
+    def __init__(self, num_blocks, block_size):
+        self.num_blocks, self.block_size = num_blocks, block_size
+        self.free_blocks, self.tables, self.lengths = list(range(num_blocks)), {}, {}
+
+    @property
+    def num_free(self):
+        return len(self.free_blocks)
+
+    def append(self, seq, num_new=1):
+        start = self.lengths.get(seq, 0)
+        needed = sum(1 for p in range(start, start + num_new) if p % self.block_size == 0)  # tokens opening a block
+        if needed > len(self.free_blocks):
+            raise BlockPoolExhausted(f"{needed} needed, {len(self.free_blocks)} free")
+        given, self.free_blocks = self.free_blocks[:needed], self.free_blocks[needed:]
+        self.tables[seq] = self.tables.get(seq, []) + given
+        self.lengths[seq] = start + num_new
+        return given
+
+    def free(self, seq):
+        self.free_blocks.extend(self.tables.pop(seq))
+        del self.lengths[seq]
+
+
+class RoomInTheLastBlockAllocator(TokenByTokenAllocator):
+    """Right, written differently: what the last block has room for first, then whole blocks; a set as free list."""
+
+    def __init__(self, num_blocks, block_size):
+        super().__init__(num_blocks, block_size)
+        self.free_blocks = set(range(num_blocks))
+
+    def append(self, seq, num_new=1):
+        length = self.lengths.get(seq, 0)
+        room = -length % self.block_size  # free slots in its last block
+        needed = max(0, math.ceil((num_new - room) / self.block_size))
+        if needed > len(self.free_blocks):
+            raise BlockPoolExhausted(f"{needed} needed, {len(self.free_blocks)} free")
+        given = [self.free_blocks.pop() for _ in range(needed)]
+        self.tables.setdefault(seq, []).extend(given)
+        self.lengths[seq] = length + num_new
+        return given
+
+    def free(self, seq):
+        self.free_blocks |= set(self.tables.pop(seq))
+        del self.lengths[seq]
+
+
+def long_torch_slot_mapping(block_table, positions, block_size):
+    table, p = torch.tensor(block_table, dtype=torch.long), torch.tensor(positions, dtype=torch.long)
+    return (table[p // block_size] * block_size + p % block_size).tolist()
+
+
+def flat_slots_gather(pool, block_tables):
+    block_size = pool.shape[1]
+    slots = block_tables[..., None] * block_size + torch.arange(block_size)  # (B, max_blocks, block_size): new tensor
+    return pool.flatten(0, 1)[slots.flatten(1)]
+
+
 RIGHT = {  # right, written differently: the checks must pass them
     "written-out": CORRECT,
     "blocks-from-the-end-of-the-free-list": variant(Allocator=allocator(take="back")),
+    "token-by-token-allocator": variant(Allocator=TokenByTokenAllocator),
+    "room-in-the-last-block-allocator-on-a-set": variant(Allocator=RoomInTheLastBlockAllocator),
     "divmod-slot-mapping": variant(slot_mapping=divmod_slot_mapping),
+    "torch-slot-mapping-with-long-tensors": variant(slot_mapping=long_torch_slot_mapping),
     "index-select-gather": variant(paged_gather=index_select_gather),
+    "flat-slots-gather": variant(paged_gather=flat_slots_gather),
+    "flatten-gather": variant(paged_gather=lambda pool, tables: pool[tables].flatten(1, 2)),
 }
 
 
@@ -471,6 +639,16 @@ def test_a_correct_version_passes(right):
 def test_the_checks_catch_a_wrong_paging(wrong):
     with pytest.raises(AssertionError):
         check_all(wrong)
+
+
+@CHECKS
+@pytest.mark.parametrize("name", EDGE_WRONG)
+def test_an_edge_case_catches_its_mistake_and_names_the_situation_first(name):
+    wrong, check, situation = EDGE_WRONG[name]
+    part = {check_exhaustion: "Allocator", check_slot_mapping: "slot_mapping", check_gather: "paged_gather"}[check]
+    with pytest.raises(AssertionError) as caught:
+        check(getattr(wrong, part))
+    assert situation in str(caught.value).splitlines()[0], str(caught.value)
 
 
 @CHECKS

@@ -3,10 +3,12 @@
 Part 1: your ttft_tpot must agree with minillm.runs.metrics.per_request on a real trace: the shipped model
 serving a small crowd on a KV pool so small that requests are preempted (so TPOT is not always 1),
 with long replies, replies that end on EOS or on their length limit, a one-token reply plus EOS, a
-rejected request and one still running when the trace ends.
+rejected request and one still running when the trace ends; then an empty trace, and a one-request trace whose
+reply is only an EOS. Your function gets a copy of each trace and must leave it as it was.
 
 Part 2: your MyFairScheduler serves the crowds of lessons/fairness.py: its TTFT p90 must be at least 15%
-lower than first come, first served's, and nobody may wait longer than the longest wait under FCFS.
+lower than first come, first served's, and nobody may wait longer than the longest wait under FCFS. A fresh
+scheduler must decide alike on the same crowd (no state carried from one run to the next).
 
 WRONG_METRICS and WRONG_POLICIES (below) list the mistakes a room makes, each caught (an aborted request
 kept included); RIGHT_METRICS and RIGHT_POLICIES, answers written differently that must pass.
@@ -14,6 +16,7 @@ kept included); RIGHT_METRICS and RIGHT_POLICIES, answers written differently th
 
 from __future__ import annotations
 
+import copy
 import functools
 import math
 import numbers
@@ -28,7 +31,7 @@ from minillm.engine.engine import Engine
 from minillm.engine.request import Request
 from minillm.engine.scheduler import ContinuousScheduler, KVSpace, Plan
 from minillm.engine.trace import Trace
-from minillm.model.tokenizer import encode_prompt
+from minillm.model.tokenizer import EOS, encode_prompt
 from minillm.runs.metrics import per_request
 from tests.lessons.harness import (
     CHECKS,
@@ -121,22 +124,73 @@ def describe(trace: Trace, rid: str) -> str:
     )
 
 
+def served_alone(*requests: Request) -> Trace:
+    """A small run of its own: the shipped model, two seats."""
+    engine = Engine(shipped_model(), ContinuousScheduler(), EngineConfig(slots=2))
+    for r in requests:
+        engine.submit(r)
+    return engine.run(max_steps=50)
+
+
+@functools.cache
+def edge_traces() -> dict[str, Trace]:
+    """The situations the real trace leaves out, each named as a failure's first line names it."""
+    return {
+        "an empty trace (nobody was served)": served_alone(),
+        # "please" is not a task the model knows: its first reply token is EOS
+        "a one-request trace whose reply ends on its first token (EOS: an empty reply)": served_alone(
+            Request("please", encode_prompt("please"), 20, arrival_step=2)
+        ),
+    }
+
+
+def first_change(given: Trace, original: Trace) -> str:
+    """Where `given` (the copy handed to your code) no longer equals the trace it was copied from."""
+    if len(given.requests) != len(original.requests):
+        return f"trace.requests had {len(original.requests)} records, now {len(given.requests)}"
+    for mine, theirs in zip(given.requests, original.requests):
+        for name, value in vars(theirs).items():
+            if getattr(mine, name, "missing") != value:
+                return f"request {theirs.id}'s {name} was {value!r}, now {getattr(mine, name, 'missing')!r}"
+    return "trace.steps or trace.config changed"
+
+
 def check_trace(ttft_tpot) -> None:
-    trace = real_trace()
-    expected, got = reference_ttft_tpot(trace), ttft_tpot(trace)
-    assert isinstance(got, dict), f"return a dict keyed by request id, got {type(got).__name__}"
+    check_one_trace(ttft_tpot, real_trace(), "")
+    for situation, trace in edge_traces().items():
+        check_one_trace(ttft_tpot, trace, f"{situation}: ")
+
+
+def check_one_trace(ttft_tpot, trace: Trace, situation: str) -> None:
+    given = copy.deepcopy(trace)  # yours gets a copy: the original stays as it was for the next check
+    expected, got = reference_ttft_tpot(trace), ttft_tpot(given)
+    assert given == trace, (
+        f"{situation}your ttft_tpot changed the trace it was given ({first_change(given, trace)}): the app, the "
+        "metrics and the next reader use that same trace; compute from it, never write into it"
+    )
+    assert isinstance(got, dict), f"{situation}return a dict keyed by request id, got {type(got).__name__}"
     extra, missing = sorted(set(got) - set(expected)), sorted(set(expected) - set(got))
+    strangers = [rid for rid in extra if rid not in {r.id for r in trace.requests}]
+    assert not strangers, (
+        f"{situation}expected {expected}, got entries for {strangers}, who are not in this trace: left over "
+        "from an earlier call? Build a new dict on every call (no module-level results)"
+    )
     reasons = {rid: trace.request(rid).finish_reason for rid in extra}
     assert not extra, (
-        f"{extra} did not finish (their finish_reason: {reasons}; an aborted request has a first token and a "
-        "finish step, but no complete reply): keep only finish_reason 'eos' or 'length'"
+        f"{situation}{extra} did not finish (their finish_reason: {reasons}; an aborted request has a first token "
+        "and a finish step, but no complete reply): keep only finish_reason 'eos' or 'length'"
     )
-    assert not missing, f"{missing} finished, but your result has no entry for them"
+    empty = [rid for rid in missing if not trace.request(rid).output_ids]
+    assert not empty, (
+        f"{situation}{empty} finished on EOS with no reply tokens, but your result has no entry for them: they "
+        "are finished requests too (TTFT counts to the step that produced the EOS; TPOT is None)"
+    )
+    assert not missing, f"{situation}{missing} finished, but your result has no entry for them"
     for rid, want in expected.items():
         for key, value in want.items():
             mine = got[rid].get(key, "missing")
             ok = (mine is None) if value is None else isinstance(mine, numbers.Real) and math.isclose(mine, value)
-            assert ok, f"{describe(trace, rid)}: expected {key} {value}, got {mine}"
+            assert ok, f"{situation}{describe(trace, rid)}: expected {key} {value}, got {mine}"
 
 
 def test_ttft_and_tpot_equal_the_reference_on_a_real_trace(ttft_tpot):
@@ -149,7 +203,24 @@ def fcfs_ttfts() -> dict[str, int]:
     return fairness.ttfts(ContinuousScheduler)
 
 
+def first_token_steps(make_scheduler, crowd: list[Request]) -> dict[str, int]:
+    cfg = EngineConfig(slots=fairness.SEATS, kv="contiguous", max_len=256)  # as lessons/fairness.py serves them
+    engine = Engine(fairness.stand_in_model(), make_scheduler(), cfg)
+    for r in crowd:
+        engine.submit(r)
+    return {r.id: r.first_token_step for r in engine.run().requests}
+
+
 def check_policy(make_scheduler) -> None:
+    crowd = functools.partial(fairness.mixed_crowd, 7, users=24, rate=1.0)  # small, and a long queue builds
+    first, again = first_token_steps(make_scheduler, crowd()), first_token_steps(make_scheduler, crowd())
+    moved = [rid for rid in first if first[rid] != again[rid]]
+    assert not moved, (
+        f"the same crowd served twice, each time by a fresh scheduler: {moved[0]}'s first token came at step "
+        f"{first[moved[0]]}, then at step {again[moved[0]]}. Your scheduler keeps state outside the instance (a class "
+        "attribute or a module-level variable) that carries from one run to the next, or draws at random: keep its "
+        "state in self, set in __init__"
+    )
     verdict = fairness.judge(make_scheduler, fcfs_ttfts())
     assert verdict.faster and verdict.fair, (
         f"on the crowds of lessons/fairness.py: {verdict.describe()}"
@@ -163,13 +234,20 @@ def test_your_policy_beats_fcfs_on_ttft_p90_without_starving_anyone(fair_schedul
 
 
 # --- the checks catch plausible mistakes --------------------------------------------------------
+RESULTS: dict = {}  # the module-level dict of the mistake "keeps its results between calls"
+
+
 def make_metrics(
     plus_one=True, divide_by_n=False, count_eos=True, only_finished=True, one_token=None, start="arrival", span="end",
-    keep="finish_reason", number=float,
+    keep="finish_reason", number=float, skip_empty=False, append_eos=False, module_dict=False,
 ):  # fmt: skip
     def ttft_tpot(trace):
-        out = {}
+        out = RESULTS if module_dict else {}  # module_dict: results pile up from one call to the next (wrong)
         for r in trace.requests:
+            if append_eos and r.finish_reason == "eos":
+                r.output_ids.append(EOS)  # counts the EOS by writing it into the caller's trace (wrong)
+            if skip_empty and not r.output_ids:
+                continue  # a reply that was only an EOS is finished too (wrong)
             kept = {
                 "finish_reason": r.finish_reason in ("eos", "length"),
                 "finish_step": r.finish_step is not None,  # an aborted request has one too (wrong)
@@ -179,7 +257,7 @@ def make_metrics(
                 continue
             begin = r.arrival_step if start == "arrival" else r.admit_step
             ttft = None if r.first_token_step is None else r.first_token_step - begin + plus_one
-            n = len(r.output_ids) + (count_eos and r.finish_reason == "eos")
+            n = len(r.output_ids) + (count_eos and r.finish_reason == "eos" and not append_eos)
             tpot = one_token
             if n > 1 and r.finish_step is not None:
                 steps = r.finish_step - r.first_token_step + (span == "inclusive")
@@ -202,11 +280,56 @@ WRONG_METRICS = {
     "tpot-zero-for-one-token": dict(one_token=0.0),
     "keeps-every-request-with-a-finish-step": dict(keep="finish_step"),
     "keeps-every-request-with-a-first-token": dict(keep="first_token"),
+    # each caught only by an edge case (right on the real trace): an empty reply, the caller's trace, state
+    "skips-a-reply-that-is-only-an-eos": dict(skip_empty=True),
+    "counts-the-eos-by-appending-it-to-the-trace": dict(append_eos=True),
+    "keeps-its-results-between-calls": dict(module_dict=True),
 }
+EDGE_METRICS = {  # the mistake, and what the first line of the check that catches it must say
+    "skips-a-reply-that-is-only-an-eos": "a one-request trace whose reply ends on its first token",
+    "counts-the-eos-by-appending-it-to-the-trace": "your ttft_tpot changed the trace it was given",
+    "keeps-its-results-between-calls": "an empty trace (nobody was served): expected {}, got entries",
+}
+
+
+def from_the_steps(trace):
+    """Right, written differently: each request's produced tokens read off the steps, not its record."""
+    made: dict[str, list[int]] = {}  # request id -> the step of each token it produced (an EOS included)
+    for s in trace.steps:
+        for _seat, rid, _state, _ran, produced in s.seats:
+            made.setdefault(rid, []).extend([s.step] * produced)
+    out = {}
+    for r in trace.requests:
+        if r.finish_reason not in ("eos", "length"):
+            continue
+        steps = made[r.id]
+        out[r.id] = {
+            "ttft_steps": steps[0] - r.arrival_step + 1,
+            "tpot_steps": (steps[-1] - steps[0]) / (len(steps) - 1) if len(steps) > 1 else None,
+        }
+    return out
+
+
+def comprehension(trace):
+    """Right, written differently: one dict comprehension, the EOS counted as a token on a list copy."""
+
+    def tpot(r):
+        tokens = r.output_ids + [EOS] * (r.finish_reason == "eos")
+        return (r.finish_step - r.first_token_step) / (len(tokens) - 1) if len(tokens) > 1 else None
+
+    return {
+        r.id: {"ttft_steps": r.first_token_step - r.arrival_step + 1, "tpot_steps": tpot(r)}
+        for r in trace.requests
+        if r.finish_reason in {"eos", "length"}
+    }
+
+
 RIGHT_METRICS = {  # right, written differently: the checks must pass them
-    "floats": dict(),
-    "fractions": dict(number=Fraction),
-    "numpy-numbers": dict(number=np.float64),
+    "floats": make_metrics(),
+    "fractions": make_metrics(number=Fraction),
+    "numpy-numbers": make_metrics(number=np.float64),
+    "read-off-the-steps": from_the_steps,
+    "one-comprehension": comprehension,
 }
 
 
@@ -240,7 +363,29 @@ class Aging:
         return Plan(admit=order[: seats.count(None)])
 
 
-RIGHT_POLICIES = {"patient-shortest-first": PatientShortestFirst, "aging-by-two-per-step": lambda: Aging(2)}
+class CountsWaits:
+    """Shortest reply first, but whoever this scheduler has seen waiting PATIENCE times goes first: its count of
+    calls is per request, not a step number (right with shared=False: written differently)."""
+
+    name, holds_finished_seats, PATIENCE = "counts-waits", False, 40
+    waited_in_the_class: dict[str, int] = {}
+
+    def __init__(self, shared: bool = False):
+        self.waited = self.waited_in_the_class if shared else {}  # shared: carried from one run to the next (wrong)
+
+    def schedule(self, waiting, seats, kv):
+        for r in waiting:
+            self.waited[r.id] = self.waited.get(r.id, 0) + 1
+        tired = [r for r in waiting if self.waited[r.id] > self.PATIENCE]
+        rest = sorted((r for r in waiting if r not in tired), key=lambda r: r.max_new_tokens)
+        return Plan(admit=(tired + rest)[: seats.count(None)])
+
+
+RIGHT_POLICIES = {
+    "patient-shortest-first": PatientShortestFirst,
+    "aging-by-two-per-step": lambda: Aging(2),
+    "counts-each-requests-waits": CountsWaits,
+}
 
 WRONG_POLICIES = {
     "first-come-first-served": lambda: Priority(),
@@ -251,13 +396,14 @@ WRONG_POLICIES = {
     "newest-first": lambda: Priority(key=lambda r: -r.arrival_step),
     "longest-first": lambda: Priority(key=lambda r: -r.max_new_tokens),
     "ages-too-slowly": lambda: Aging(1),
+    "counts-waits-in-a-class-attribute": lambda: CountsWaits(shared=True),  # caught only by serving a crowd twice
 }
 
 
 @CHECKS
 @pytest.mark.parametrize("right", RIGHT_METRICS.values(), ids=RIGHT_METRICS.keys())
 def test_a_correct_version_passes(right):
-    check_trace(make_metrics(**right))
+    check_trace(right)
 
 
 @CHECKS
@@ -279,8 +425,29 @@ def test_the_trace_covers_every_case():
 @CHECKS
 @pytest.mark.parametrize("mistake", WRONG_METRICS.values(), ids=WRONG_METRICS.keys())
 def test_the_checks_catch_wrong_metrics(mistake):
+    RESULTS.clear()
     with pytest.raises(AssertionError):
         check_trace(make_metrics(**mistake))
+
+
+@CHECKS
+@pytest.mark.parametrize("name", EDGE_METRICS)
+def test_an_edge_case_catches_its_mistake_and_names_the_situation_first(name):
+    RESULTS.clear()
+    assert make_metrics(**WRONG_METRICS[name])(copy.deepcopy(real_trace())) == reference_ttft_tpot(real_trace())
+    RESULTS.clear()  # (its numbers are right on the real trace: only the edge case catches it)
+    with pytest.raises(AssertionError) as caught:
+        check_trace(make_metrics(**WRONG_METRICS[name]))
+    assert EDGE_METRICS[name] in str(caught.value).splitlines()[0], str(caught.value)
+
+
+@CHECKS
+def test_the_edge_traces_are_what_they_say():
+    empty, eos_first = edge_traces().values()
+    assert not empty.requests and not empty.steps
+    (please,) = eos_first.requests
+    assert please.finish_reason == "eos" and please.output_ids == [] and please.first_token_step is not None
+    assert reference_ttft_tpot(eos_first) == {"please": {"ttft_steps": 1, "tpot_steps": None}}
 
 
 @CHECKS
@@ -292,8 +459,19 @@ def test_a_correct_policy_passes(policy):
 @CHECKS
 @pytest.mark.parametrize("policy", WRONG_POLICIES.values(), ids=WRONG_POLICIES.keys())
 def test_the_checks_catch_a_policy_that_is_slow_or_unfair(policy):
+    CountsWaits.waited_in_the_class.clear()
     with pytest.raises(AssertionError):
         check_policy(policy)
+
+
+@CHECKS
+def test_a_policy_that_carries_state_between_runs_is_caught_by_name():
+    CountsWaits.waited_in_the_class.clear()
+    verdict = fairness.judge(lambda: CountsWaits(shared=True), fcfs_ttfts())
+    assert verdict.faster and verdict.fair  # the judgement alone misses it...
+    CountsWaits.waited_in_the_class.clear()
+    with pytest.raises(AssertionError, match="^the same crowd served twice"):  # ... serving a crowd twice does not
+        check_policy(lambda: CountsWaits(shared=True))
 
 
 @CHECKS

@@ -5,8 +5,9 @@ Your kv_bytes_per_token, decode_step_time and max_users must give the answer's n
 headline a "with sparsity" figure), at batches from 1 to 2048, contexts from 16 to 128k tokens, bf16, fp8
 and int4 weights, bf16 and fp8 KV, two memory utilizations and two activation reserves. When yours differ, the
 check's first line names the mistake that gives your number (KNOWN_MISTAKES: what a room gets wrong), then the
-first case that differs and the answer's own arithmetic for it. Correct solutions written another way (units
-converted first, loops, numpy numbers, integer division at the end: WRITTEN_DIFFERENTLY) pass.
+first case that differs and the answer's own arithmetic for it; a mistake is named only when it gives every one of
+your numbers, else the first line is plain: the case, your number and the answer's. Correct solutions written another
+way (units converted first, loops, numpy numbers, integer division at the end: WRITTEN_DIFFERENTLY) pass.
 
 The answer is the ideal roofline, the lesson's formula; the full suite also holds it against minillm.card.roofline,
 which adds the small terms (activations, attention FLOPs, lm_head's logits, whole KV blocks, a reserve it counts).
@@ -74,6 +75,8 @@ KNOWN_MISTAKES = {
     "kv-new-token": "read the `context` tokens each user has cached; the new token's key and value are written, "
     "not read: count nothing for them",
     "sum": "the card streams and multiplies at the same time: a step takes the larger of the two times, not their sum",
+    "ridge-from-weights": "a step takes the larger of its memory and compute times; telling the regime from the "
+    "weights' FLOPs per byte alone leaves out the KV every user reads (a long context keeps a big batch memory-bound)",
     "one-flop": "each weight costs 2 FLOPs per user (a multiply and an add), not 1",
     "bandwidth-gib": "bandwidth_gb_s is in GB/s: 10**9 bytes per second (GiB are for memory sizes)",
     "tera": "tensor_tflops is in TFLOP/s: 10**12 FLOP per second",
@@ -88,6 +91,7 @@ KNOWN_MISTAKES = {
     "(not utilization x what the weights leave)",
     "no-reserve": "keep reserve_gib GiB free for a step's activations: the KV cache gets what the weights and the "
     "reserve leave",
+    "reserve-gb": "reserve_gib is in GiB, like the memory: 2**30 bytes each, not 10**9",
     "rounds": "a user fits whole or not at all: round down, not to the nearest",
     "ceil": "a user fits whole or not at all: round down, not up",
     "negative": "when the weights (and the reserve) leave no room, nobody fits: return 0, not a negative count",
@@ -122,13 +126,16 @@ def answer(mistake: str | None = None) -> SimpleNamespace:
         memory_s = moved / (card.bandwidth_gb_s * (GiB if mistake == "bandwidth-gib" else GB))
         compute_s = flops / dense
         seconds = memory_s + compute_s if mistake == "sum" else max(memory_s, compute_s)
+        if mistake == "ridge-from-weights":  # compute-bound when the weights alone reach the card's FLOPs per byte
+            ridge = dense / (card.bandwidth_gb_s * GB)
+            seconds = compute_s if flops / weight_bytes(streamed, weight_bits) >= ridge else memory_s
         return seconds * (1e3 if mistake == "milliseconds" else 1)
 
     def max_users(model, card, context, weight_bits=16, kv_bits=16, utilization=0.9, reserve_gib=0.5):
         memory = card.memory_gib * (GB if mistake == "memory-gb" else GiB)
         in_memory = model.params - (model.embedding_params if mistake == "embedding-not-in-memory" else 0)
         weights = 0 if mistake == "no-weights" else weight_bytes(in_memory, weight_bits)
-        reserve = 0 if mistake == "no-reserve" else reserve_gib * GiB
+        reserve = 0 if mistake == "no-reserve" else reserve_gib * (GB if mistake == "reserve-gb" else GiB)
         if mistake == "no-utilization":
             utilization = 1
         if mistake == "utilization-after":
@@ -203,6 +210,43 @@ def written_differently() -> dict[str, SimpleNamespace]:
     }  # fmt: skip
 
 
+def unlisted_mistakes() -> dict[str, SimpleNamespace]:
+    """Wrong answers no known mistake explains (each differs from every one somewhere): the check must name none
+    of them, and print the plain line: the case, your number and the answer's."""
+    key = answer()
+
+    def users_left(free, model, context, kv_bits):
+        return max(0, math.floor(free / (context * key.kv_bytes_per_token(model, kv_bits))))
+
+    def reserve_in_utilization(model, card, context, weight_bits=16, kv_bits=16, utilization=0.9, reserve_gib=0.5):
+        free = (card.memory_gib * GiB - reserve_gib * GiB) * utilization - model.params * weight_bits / 8
+        return users_left(free, model, context, kv_bits)
+
+    def reserve_scaled_too(model, card, context, weight_bits=16, kv_bits=16, utilization=0.9, reserve_gib=0.5):
+        free = utilization * card.memory_gib * GiB - model.params * weight_bits / 8 - utilization * reserve_gib * GiB
+        return users_left(free, model, context, kv_bits)
+
+    def int4_as_4_bits(model, card, batch, context, weight_bits=16, kv_bits=16):
+        return key.decode_step_time(model, card, batch, context, int(weight_bits), kv_bits)  # the scales left out
+
+    def ridge_from_the_printed_figure(model, card, batch, context, weight_bits=16, kv_bits=16):
+        weights = (model.params - model.embedding_params) * weight_bits / 8
+        flops = 2 * (model.params - model.embedding_params) * batch
+        memory_s = (weights + batch * context * key.kv_bytes_per_token(model, kv_bits)) / (card.bandwidth_gb_s * GB)
+        ridge = card.tensor_tflops * TERA / (card.bandwidth_gb_s * GB)  # sparse or not, and weights alone
+        return flops / (card.tensor_tflops * TERA / (1 + card.with_sparsity)) if flops / weights >= ridge else memory_s
+
+    def with_(**parts):
+        return SimpleNamespace(**{**vars(answer()), **parts})
+
+    return {
+        "the reserve taken inside utilization": with_(max_users=reserve_in_utilization),
+        "utilization applied to the reserve too": with_(max_users=reserve_scaled_too),
+        "int4 as 4 bits": with_(decode_step_time=int4_as_4_bits),
+        "the regime from the weights and the printed figure": with_(decode_step_time=ridge_from_the_printed_figure),
+    }
+
+
 @pytest.fixture(params=implementations(lesson))
 def impl(request):
     if request.param == "reference":
@@ -270,7 +314,9 @@ def users_cases(models, cards):
 # --- the referee -------------------------------------------------------------------------------------
 def same(function: str, got, expected, args=()) -> bool:
     if function == "max_users":  # whole users; a float that lands on a whole number may round either way
-        exact = users_exactly(*args) if args else expected
+        if not args:  # against a known mistake's whole number: that number (its own float is not at hand)
+            return got == expected
+        exact = users_exactly(*args)
         return got in {expected, max(0, math.floor(exact * (1 - 1e-9))), max(0, math.floor(exact * (1 + 1e-9)))}
     return got == expected or math.isclose(got, expected, rel_tol=1e-6, abs_tol=1e-12)
 
@@ -281,15 +327,21 @@ def users_exactly(model, card, context, weight_bits=16, kv_bits=16, utilization=
 
 
 def likely_mistakes(function: str, got, args, cases, yours) -> list[str]:
-    """The known mistakes that give your number here; the ones that give all your numbers come first."""
+    """The known mistakes that give every one of your numbers, on every case: a mistake that gives your number on
+    this case alone is a coincidence (whole users often are), and naming it would send you after the wrong bug.
+    None when no known mistake explains all your numbers: then the check prints the plain line."""
     expected = getattr(answer(), function)(*args)
     here = [
         m
         for m in KNOWN_MISTAKES
         if not same(function, v := getattr(answer(m), function)(*args), expected, args) and same(function, got, v)
     ]
-    everywhere = [m for m in here if all(same(function, yours(*a), getattr(answer(m), function)(*a)) for _, a in cases)]
-    return everywhere or here
+    if not here:
+        return []
+    mine = [yours(*a) for _, a in cases]
+    return [
+        m for m in here if all(same(function, g, getattr(answer(m), function)(*a)) for g, (_, a) in zip(mine, cases))
+    ]
 
 
 def shown(function: str, value, digits: int = 5) -> str:
@@ -458,6 +510,30 @@ def test_the_checks_catch_a_mistake_and_name_it_first(mistake):
 @pytest.mark.parametrize("way", list(written_differently()))
 def test_the_checks_accept_correct_solutions_written_differently(way):
     check_all(written_differently()[way])
+
+
+@CHECKS
+@pytest.mark.parametrize("name", list(unlisted_mistakes()))
+def test_a_mistake_no_hint_explains_gets_the_plain_line(name):
+    """The first line names the case and the two numbers, and no known mistake: a hint is given only when that
+    mistake gives every one of the student's numbers."""
+    with pytest.raises(AssertionError) as caught:
+        check_all(unlisted_mistakes()[name])
+    first = str(caught.value).splitlines()[0]
+    assert not first.startswith("likely mistake") and ": your " in first and ", the answer is " in first, first
+
+
+@CHECKS
+def test_a_coincidence_on_one_case_names_no_mistake():
+    """Whole users coincide often: taking the reserve inside utilization gives, on the first case it gets wrong,
+    the very number of rounding up ("ceil"), which explains none of its other numbers."""
+    wrong = unlisted_mistakes()["the reserve taken inside utilization"]
+    models, cards = objects(wrong)
+    cases = users_cases(models, cards)
+    args = next(a for _, a in cases if wrong.max_users(*a) != answer().max_users(*a))
+    got = wrong.max_users(*args)
+    assert got == answer("ceil").max_users(*args) != answer().max_users(*args)  # the coincidence
+    assert likely_mistakes("max_users", got, args, cases, wrong.max_users) == []
 
 
 @CHECKS

@@ -11,7 +11,9 @@ that must pass.
 
 from __future__ import annotations
 
+import copy
 import math
+from collections import deque
 
 import pytest
 
@@ -102,6 +104,12 @@ def seat(requests: list[Request]) -> list[Request]:
     return requests
 
 
+def arrived(r: Request, step: int) -> Request:
+    """`r`, arrived at `step`: with a preemption in between, arrival order and admission order differ."""
+    r.arrival_step = step
+    return r
+
+
 SITUATIONS = {
     "more decode rows than budget": lambda: dict(
         running=seat([decoding("d2", 5), decoding("d0", 1), decoding("d1", 3), prefilling("p", 4, 40, 10)]),
@@ -137,6 +145,18 @@ SITUATIONS = {
     "the queue's head came back from a preemption (it arrived after the next one)": lambda: dict(
         running=[], waiting=[newcomer("back", 6, produced=4, arrival=9), newcomer("n1", 7, arrival=3)],
         free_seats=1, budget=64),
+    "a returning request whose prompt is back in the cache, but not all its old reply": lambda: dict(
+        running=seat([decoding("d0", 0), returning("back", 1, 10, produced=6, done=12)]),
+        waiting=[newcomer("n1", 5)], free_seats=1, budget=20),
+    "decode rows: the first to arrive was admitted last (it came back from a preemption)": lambda: dict(
+        running=seat([arrived(decoding("d_back", 4), 0), arrived(decoding("d_new", 2), 6),
+                      arrived(decoding("d_mid", 3), 3)]),
+        waiting=[], free_seats=1, budget=2),
+    "prompts: the first to arrive was admitted last (it came back from a preemption)": lambda: dict(
+        running=seat([arrived(prefilling("p_back", 3, 30, 0), 1), arrived(prefilling("p_new", 1, 20, 4), 5)]),
+        waiting=[newcomer("n1", 4)], free_seats=1, budget=10),
+    "no free seat: the queue waits, however much budget is left": lambda: dict(
+        running=seat([decoding("d0", 0), decoding("d1", 1)]), waiting=[newcomer("n1", 5)], free_seats=0, budget=32),
 }  # fmt: skip
 
 
@@ -174,7 +194,7 @@ def diagnose(running, waiting, free_seats, budget, got, expected) -> str:
         return (
             f"{r.id} has output ({len(r.output_ids)} tokens) but is still recomputing: it was preempted and is seated "
             f"again, {r.num_pending} tokens of its prompt and old reply still to run. A row is decoding when "
-            "r.is_decoding says so, not when it has output"
+            "r.is_decoding says so, not when it has output, nor when its prompt is back in the cache"
         )
     one_left = [r for r in prefillers if r.num_pending == 1 and tokens.get(r.id, 0) != want.get(r.id, 0)]
     if one_left:
@@ -237,8 +257,8 @@ def diagnose(running, waiting, free_seats, budget, got, expected) -> str:
         if any(want.get(r.id, 0) != tokens.get(r.id, 0) for r in rows) and served:
             oldest = [r.id for r in by_age if r in rows]
             return (
-                f"{kind} are served oldest admission first (smallest r.admit_order: {oldest}), not in seat order; "
-                f"expected { ({r: want[r] for r in oldest if want.get(r)}) }"
+                f"{kind} are served oldest admission first (smallest r.admit_order: {oldest}), not in seat order "
+                f"nor in order of arrival; expected { ({r: want[r] for r in oldest if want.get(r)}) }"
             )
     if len(admitted) < len(want_admitted):
         missed = want_admitted[len(admitted)]
@@ -260,11 +280,40 @@ def diagnose(running, waiting, free_seats, budget, got, expected) -> str:
     return "the plan differs from the rules"
 
 
+BOOKS = ("num_computed", "output_ids", "draft", "state", "seat", "admit_order", "arrival_step", "prompt_ids")
+
+
+def books(requests: list[Request]) -> dict[str, tuple]:
+    """What the engine keeps about each request, copied: a plan must change none of it."""
+    return {r.id: tuple(copy.copy(getattr(r, name)) for name in BOOKS) for r in requests}
+
+
+def check_arguments_unchanged(where: str, given: dict, before: dict, requests_before: dict) -> None:
+    for name, mine in given.items():
+        assert ids(mine) == ids(before[name]), (
+            f"{where}: your plan_step changed the {name} list it was given ({ids(before[name])} became {ids(mine)}): "
+            "the caller goes on using it (the engine's queue, the seats); read it, do not pop, remove or sort in "
+            "place (sorted() makes a new list)"
+        )
+    now = books([*before["running"], *before["waiting"]])
+    for rid, fields in requests_before.items():
+        changed = [(name, a, b) for name, a, b in zip(BOOKS, fields, now[rid]) if a != b]
+        if changed:
+            name, a, b = changed[0]
+            raise AssertionError(
+                f"{where}: your plan_step changed request {rid}'s {name} ({a} became {b}): the engine keeps each "
+                "request's books as its tokens really run; a plan only says who runs how many tokens"
+            )
+
+
 def check_plan(plan_step, situation: dict, where: str) -> None:
     running, waiting = situation["running"], situation["waiting"]
     free_seats, budget = situation["free_seats"], situation["budget"]
     expected = reference_plan(list(running), list(waiting), free_seats, budget)
-    got = plan_step(list(running), list(waiting), free_seats, budget)
+    before, requests_before = {"running": list(running), "waiting": list(waiting)}, books([*running, *waiting])
+    given = {"running": list(running), "waiting": list(waiting)}
+    got = plan_step(given["running"], given["waiting"], free_seats, budget)
+    check_arguments_unchanged(where, given, before, requests_before)
     assert isinstance(got, tuple) and len(got) == 2, "plan_step must return (admitted, tokens)"
     admitted, tokens = list(got[0]), dict(got[1] or {})
     assert all(isinstance(r, Request) for r in admitted), "admitted must hold the Request objects from `waiting`"
@@ -333,22 +382,30 @@ def test_the_real_engine_serves_a_crowd_token_exact(plan_step, budget):
 def written_out(
     decode_first_=True, seat_order=False, prompts_before_newcomers=True, chunks=True, jumps=False, count_decode=True,
     shared=True, decode_runs_ahead=False, prompt_only=False, seats_matter=True, decoding="is_decoding",
-    prompts_by="admit_order", queue_by=None, empty_boarding=False, zeros=False, whole_rests=False,
+    prompts_by="admit_order", queue_by=None, empty_boarding=False, zeros=False, whole_rests=False, by_arrival=(),
+    seat_check="before", mutates=None,
 ):  # fmt: skip
     """A plan_step written out, with switches for the mistakes below (zeros=True: right, written differently)."""
     is_decode = {
         "is_decoding": lambda r: r.is_decoding,
         "has_output": lambda r: bool(r.output_ids),  # a returning request recomputing its reply is not (wrong)
         "one_pending": lambda r: r.num_pending == 1,  # a prompt with one token left is not (wrong)
+        "prompt_cached": lambda r: r.num_computed >= len(r.prompt_ids),  # ... nor one whose prompt is back (wrong)
     }[decoding]
 
     def plan(running, waiting, free_seats, budget):
         left, tokens, admitted = math.inf if budget is None else budget, {}, []
         if zeros:
             tokens = {r.id: 0 for r in running}
+        if mutates == "sorts_running":
+            running.sort(key=lambda r: r.admit_order)  # the caller's list, sorted in place (wrong)
         key = (lambda r: r.seat) if seat_order else (lambda r: r.admit_order)
-        decoders = sorted((r for r in running if is_decode(r)), key=key)
         by = (lambda r: r.admit_order) if prompts_by == "admit_order" else (lambda r: r.num_pending)  # fewest: wrong
+        if "decode" in by_arrival:  # oldest arrival first: one back from a preemption arrived early, admitted late
+            key = lambda r: (r.arrival_step, r.admit_order)  # noqa: E731  (wrong)
+        if "prompts" in by_arrival:
+            by = lambda r: (r.arrival_step, r.admit_order)  # noqa: E731  (wrong)
+        decoders = sorted((r for r in running if is_decode(r)), key=key)
         prefillers = sorted((r for r in running if not is_decode(r)), key=by)
         if queue_by is not None:
             waiting = sorted(waiting, key=queue_by)  # e.g. by arrival: a request back from preemption goes last
@@ -359,6 +416,8 @@ def written_out(
             tokens[r.id] = n
             if shared:
                 left -= n
+            if mutates == "advances_requests":
+                r.num_computed += n  # as if the tokens had run: the engine's books, written by the plan (wrong)
 
         def decode():
             nonlocal left
@@ -371,8 +430,9 @@ def written_out(
                     tokens[r.id] = 1  # outside the budget (wrong)
 
         def newcomers():
-            for r in waiting:
-                if (seats_matter and len(admitted) == free_seats) or (left <= 0 and not empty_boarding):
+            for r in list(waiting):
+                before = seat_check == "before" and len(admitted) == free_seats
+                if (seats_matter and before) or (left <= 0 and not empty_boarding):
                     break
                 wanted = len(r.prompt_ids) if prompt_only else r.num_pending
                 if not chunks and wanted > left:
@@ -380,7 +440,11 @@ def written_out(
                         continue  # a smaller one behind goes first (wrong)
                     break  # waits until its whole prompt fits (wrong)
                 admitted.append(r)
+                if mutates == "pops_queue":
+                    waiting.remove(r)  # takes the newcomer out of the caller's queue (wrong)
                 give(r, wanted)
+                if seat_check == "after" and len(admitted) == free_seats:
+                    break  # the seats counted after boarding: with none free, one boards anyway (wrong)
 
         def prompts():
             for r in prefillers:
@@ -418,6 +482,24 @@ WRONG = {
     "the-queue-sorted-by-arrival": (dict(queue_by=lambda r: r.arrival_step), "boarded ahead of"),
     "boards-with-no-budget-left": (dict(empty_boarding=True), "no budget is left"),
     "a-prompt-waits-until-its-whole-rest-fits": (dict(whole_rests=True), "prompts already seated go before"),
+    # each caught first by a situation added for it (before those, five passed every check, and two failed only
+    # inside the engine, one of them named for something else)
+    "a-row-whose-prompt-is-cached-counts-as-decoding": (dict(decoding="prompt_cached"), "nor when its prompt is back"),
+    "decode-rows-by-arrival": (dict(by_arrival=("decode",)), "nor in order of arrival"),
+    "prompts-by-arrival": (dict(by_arrival=("prompts",)), "nor in order of arrival"),
+    "seats-counted-after-boarding": (dict(seat_check="after"), "newcomers into 0 free seat"),
+    "pops-newcomers-off-the-queue": (dict(mutates="pops_queue"), "changed the waiting list it was given"),
+    "sorts-the-running-list-in-place": (dict(mutates="sorts_running"), "changed the running list it was given"),
+    "writes-num-computed": (dict(mutates="advances_requests"), "num_computed"),
+}
+EDGE = {  # the mistake, and the situation whose check must catch it first
+    "a-row-whose-prompt-is-cached-counts-as-decoding": "a returning request whose prompt is back in the cache",
+    "decode-rows-by-arrival": "decode rows: the first to arrive was admitted last",
+    "prompts-by-arrival": "prompts: the first to arrive was admitted last",
+    "seats-counted-after-boarding": "no free seat: the queue waits",
+    "pops-newcomers-off-the-queue": "a long head of the queue boards with a chunk",  # the first that admits
+    "sorts-the-running-list-in-place": "more decode rows than budget",
+    "writes-num-computed": "more decode rows than budget",
 }
 
 
@@ -439,7 +521,32 @@ def one_pass(running, waiting, free_seats, budget):
     return tuple(admitted), tokens
 
 
-RIGHT = {"written-out": written_out(), "zeros-for-who-runs-nothing": written_out(zeros=True), "one-pass": one_pass}
+def budget_as_a_queue(running, waiting, free_seats, budget):
+    """Right, written differently: the rows as one deque of (request, tokens wanted), each taking its share."""
+    rows = deque(
+        [(r, 1) for r in sorted(running, key=lambda r: r.admit_order) if r.is_decoding]
+        + [(r, r.num_pending) for r in sorted(running, key=lambda r: r.admit_order) if not r.is_decoding]
+    )
+    queue, admitted, tokens = deque(waiting), [], {}
+    left = math.inf if budget is None else budget
+    while left > 0 and (rows or (queue and len(admitted) < free_seats)):
+        if rows:
+            r, wanted = rows.popleft()
+        else:
+            r = queue.popleft()  # a copy of the caller's queue: the caller's list is left as it was
+            wanted = r.num_pending
+            admitted.append(r)
+        tokens[r.id] = min(wanted, left)
+        left -= tokens[r.id]
+    return admitted, tokens
+
+
+RIGHT = {
+    "written-out": written_out(),
+    "zeros-for-who-runs-nothing": written_out(zeros=True),
+    "one-pass": one_pass,
+    "budget-as-a-queue": budget_as_a_queue,
+}
 
 
 @CHECKS
@@ -454,6 +561,17 @@ def test_the_checks_catch_a_wrong_plan_and_name_the_mistake(name):
     switches, hint = WRONG[name]
     with pytest.raises(AssertionError, match=hint):
         check_all(written_out(**switches))
+
+
+@CHECKS
+@pytest.mark.parametrize("name", EDGE)
+def test_an_edge_situation_catches_its_mistake_first_and_names_itself(name):
+    switches, hint = WRONG[name]
+    before = [n for n in SITUATIONS if EDGE[name] in n][0]
+    with pytest.raises(AssertionError) as caught:
+        check_situations(written_out(**switches))
+    message = str(caught.value)
+    assert message.startswith(f"{before}: ") and hint in message, message
 
 
 @CHECKS

@@ -4,12 +4,17 @@ Your settle_row keeps a verify row's guesses up to the first one the model disag
 pick there, and cuts the rejected guesses' keys and values out of the cache. Checked on hand-made rows against a
 cache that records what you cut, then inside the real engine (both caches, a draft that is right part of the
 time), where every reply must equal the plain loop's token for token and the cache must hold exactly the kept
-tokens after every step.
+tokens after every step. The draft and picks lists you are given must come back as they were (the engine records
+the guesses from them).
+
+WRONG (below) lists the mistakes a room makes, each caught and named; RIGHT, versions written differently that
+must pass.
 """
 
 from __future__ import annotations
 
 import functools
+import itertools
 
 import pytest
 import torch
@@ -41,6 +46,10 @@ class RecordingCache:
         self.cuts.append(num_tokens)
         self.length = num_tokens
 
+    def seat_tokens(self, seat: int) -> int:  # (what the real caches answer too)
+        assert seat == self.seat, f"you asked for seat {seat}'s tokens; the row's seat is {self.seat}"
+        return self.length
+
 
 ROWS = {  # name: (draft, picks)
     "every guess right": ([5, 6, 7], [5, 6, 7, 8]),
@@ -50,6 +59,7 @@ ROWS = {  # name: (draft, picks)
     "one guess, right": ([3], [3, 4]),
     "one guess, wrong": ([3], [8, 4]),
     "no guess at all": ([], [4]),
+    "repeated guesses, the third wrong": ([4, 4, 4], [4, 4, 9, 1]),
 }
 
 
@@ -74,6 +84,12 @@ def diagnose_gain(draft, picks, got) -> str:
         )
     if got[:-1] == want[:-1] and got[-1] == picks[-1] != want[-1]:
         return "the model's own token is picks[n] (its pick where you stopped), not the last pick"
+    k = len(got) - 1
+    if n < len(draft) and k == draft.index(draft[n]) < n and got == draft[:k] + [picks[k]]:
+        return (
+            f"you stopped at guess {k}, where {draft[n]} was first guessed, not at the miss (guess {n}): "
+            "draft.index(guess) finds a token's first place; count the places (enumerate, or a counter)"
+        )
     if got and got[:n] != want[:n]:
         return (
             "compare each guess with the model's pick at the same place: draft[i] with picks[i] (picks[0] comes "
@@ -85,10 +101,17 @@ def diagnose_gain(draft, picks, got) -> str:
 def check_row(settle_row, name: str, computed: int = 10, seat: int = 2) -> None:
     draft, picks = ROWS[name]
     cache = RecordingCache(seat, computed + 1 + len(draft))
-    got = settle_row(list(draft), list(picks), cache, seat, computed)
+    given_draft, given_picks = list(draft), list(picks)
+    got = settle_row(given_draft, given_picks, cache, seat, computed)
     want = reference_gain(draft, picks)
     why = diagnose_gain(draft, picks, got)
     assert got == want, f"{name}: draft {draft}, picks {picks}: you returned {got}, expected {want}.\n  {why}"
+    for what, given, before in (("draft", given_draft, draft), ("picks", given_picks, picks)):
+        assert given == before, (
+            f"{name}: a side effect: settle_row changed the {what} list it was given, from {before} to {given}. The "
+            "caller's lists are not yours to change (the engine records the row's guesses from the draft it passed): "
+            "build the reply in a new list"
+        )
     keep = computed + len(want)
     if len(want) == len(draft) + 1:
         assert not cache.cuts or cache.length == keep, (
@@ -190,6 +213,62 @@ def written_out(past_first_miss=False, bonus=True, last_pick=False, shift=0, tru
     return settle
 
 
+def cuts_the_draft_in_place(draft, picks, cache, seat, computed):
+    """Wrong: the reply is right, but it is the caller's draft list, cut and extended."""
+    n = 0
+    while n < len(draft) and draft[n] == picks[n]:
+        n += 1
+    rejected = len(draft) - n
+    del draft[n:]
+    draft.append(picks[n])
+    if rejected:
+        cache.truncate(seat, computed + len(draft))
+    return draft
+
+
+def finds_the_miss_with_index(draft, picks, cache, seat, computed):
+    """Wrong: draft.index(guess) is the first place that token was guessed, not the place of the miss."""
+    n = len(draft)
+    for guess, pick in zip(draft, picks):
+        if guess != pick:
+            n = draft.index(guess)
+            break
+    if n < len(draft):
+        cache.truncate(seat, computed + n + 1)
+    return draft[:n] + [picks[n]]
+
+
+def slices_the_picks(draft, picks, cache, seat, computed):
+    """Right, written differently: a kept guess equals the model's pick there, so the gain is a slice of picks."""
+    n = next((i for i, (guess, pick) in enumerate(zip(draft, picks)) if guess != pick), len(draft))
+    if n < len(draft):
+        cache.truncate(seat, computed + n + 1)
+    return picks[: n + 1]
+
+
+def for_else(draft, picks, cache, seat, computed):
+    """Right, written differently: a for loop that breaks at the miss, else one more token free."""
+    gained = []
+    for guess, pick in zip(draft, picks):
+        if guess != pick:
+            gained.append(pick)
+            break
+        gained.append(guess)
+    else:
+        gained.append(picks[len(draft)])
+    cache.truncate(seat, computed + len(gained))  # (nothing rejected: the length it has, a cut of nothing)
+    return gained
+
+
+def counts_back_from_the_cache(draft, picks, cache, seat, computed):
+    """Right, written differently: the rejected guesses counted, and cut from the cache's own length."""
+    kept = list(itertools.takewhile(lambda pair: pair[0] == pair[1], zip(draft, picks)))
+    rejected = len(draft) - len(kept)
+    if rejected:
+        cache.truncate(seat, cache.seat_tokens(seat) - rejected)
+    return [guess for guess, _ in kept] + [picks[len(kept)]]
+
+
 WRONG = {
     "accepts-past-the-first-miss": (dict(past_first_miss=True), "after the first miss"),
     "forgets-the-models-own-token": (dict(bonus=False), "forgot the model's own token"),
@@ -198,20 +277,32 @@ WRONG = {
     "keeps-one-token-too-many": (dict(shift=1), "off-by-one"),
     "keeps-one-token-too-few": (dict(shift=-1), "off-by-one"),
     "keeps-the-rejected-kv": (dict(truncate=False), "left their keys and values"),
+    # caught by one check only, which names the situation first
+    "cuts-the-draft-in-place": (cuts_the_draft_in_place, "every guess right: a side effect"),
+    "finds-the-miss-with-index": (finds_the_miss_with_index, "repeated guesses, the third wrong"),
+}
+RIGHT = {
+    "written-out": written_out(),
+    "slices-the-picks": slices_the_picks,
+    "for-else-and-a-cut-of-nothing": for_else,
+    "counts-back-from-the-caches-length": counts_back_from_the_cache,
 }
 
 
 @CHECKS
-def test_a_correct_version_passes():
-    check_all(written_out())
+@pytest.mark.parametrize("right", RIGHT.values(), ids=RIGHT.keys())
+def test_a_correct_version_passes(right):
+    check_all(right)
 
 
 @CHECKS
 @pytest.mark.parametrize("name", WRONG)
 def test_the_checks_catch_a_wrong_settle_and_name_the_mistake(name):
-    switches, hint = WRONG[name]
-    with pytest.raises(AssertionError, match=hint):
-        check_all(written_out(**switches))
+    wrong, hint = WRONG[name]
+    with pytest.raises(AssertionError, match=hint) as caught:
+        check_all(wrong if callable(wrong) else written_out(**wrong))
+    if callable(wrong):  # a student sees the first lines: the situation comes first
+        assert str(caught.value).startswith(hint), str(caught.value)
 
 
 @CHECKS
