@@ -376,3 +376,75 @@ def assert_admitted_at(story: dict[str, Request], expected: dict[str, int], why:
         assert got == step, (
             f"seed story: {rid} should be admitted at step {step} ({why[rid]}), but was admitted at {got}"
         )
+
+
+# --- a failure that names its case: your code's crash, and arguments it changed (lessons 01-04) ------------------
+def raised_in_your_code(error: BaseException) -> str:
+    """' (your lesson01_generate.py, line 17: width = max(...))': the deepest line of your exercise files in the
+    error's traceback, or '' when it did not come from them."""
+    folder, found = exercises_dir(), ""
+    for frame in traceback.extract_tb(error.__traceback__):
+        path = Path(frame.filename).resolve()
+        if folder is not None and path.parent == folder:
+            found = f" (your {path.name}, line {frame.lineno}: {(frame.line or '').strip()})"
+    return found
+
+
+class case:
+    """`with case("a reply whose first token is EOS"):` a check failing inside says so first: an AssertionError gets
+    the case in front, a crash of your code becomes one (with your line). NotImplementedError passes untouched: it
+    says "not attempted" or "partly done"."""
+
+    def __init__(self, label: str):
+        self.label = label
+
+    def __enter__(self):
+        return self
+
+    def __exit__(self, kind, error, tb):
+        if error is None or isinstance(error, NotImplementedError) or not isinstance(error, Exception):
+            return False
+        if isinstance(error, AssertionError):
+            message = str(error)
+            if message.startswith(self.label):
+                return False
+            raise AssertionError(f"{self.label}: {message}") from error
+        raise AssertionError(
+            f"{self.label}: your code raised {type(error).__name__}: {error}{raised_in_your_code(error)}"
+        ) from error
+
+
+class Guarded:
+    """A scheduler, watched: schedule() must leave the lists it is given as they were (a policy that pops admitted
+    requests off `waiting`, or marks a victim's seat None in `seats`, breaks any caller that hands it its own
+    lists), and a crash in it names the step and the queue it saw."""
+
+    def __init__(self, scheduler):
+        self.inner, self.calls = scheduler, 0
+        self.name, self.holds_finished_seats = scheduler.name, scheduler.holds_finished_seats
+
+    def __getattr__(self, name):  # anything else the engine asks (e.g. a token budget) is the scheduler's
+        return getattr(self.inner, name)
+
+    def schedule(self, waiting, seats, kv) -> Plan:
+        step, self.calls = self.calls, self.calls + 1
+        given = {"waiting": list(waiting), "seats": list(seats)}
+        shown = lambda rs: [r if r is None else r.id for r in rs]
+        where = f"step {step}: queue {shown(waiting)}, seats {shown(seats)}, {kv.free_blocks} free KV block(s)"
+        try:
+            plan = self.inner.schedule(waiting, seats, kv)
+        except (NotImplementedError, AssertionError):
+            raise
+        except Exception as e:
+            raise AssertionError(
+                f"{where}: your schedule() raised {type(e).__name__}: {e}{raised_in_your_code(e)}"
+            ) from e
+        for name, now in (("waiting", waiting), ("seats", seats)):
+            before = given[name]
+            if len(now) != len(before) or any(a is not b for a, b in zip(now, before)):
+                raise AssertionError(
+                    f"step {step}: your schedule() changed the `{name}` list it was given: {shown(before)} became "
+                    f"{shown(now)}. Read the arguments, never change them: the Plan says who boards and who leaves, "
+                    "and the engine moves them"
+                )
+        return plan

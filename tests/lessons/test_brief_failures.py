@@ -39,6 +39,30 @@ LEFT_PADDING = """
         return replies
 """
 
+READS_ONE_EARLY = """
+    import torch
+    from minillm.model.tokenizer import EOS, PAD
+
+
+    @torch.no_grad()
+    def generate_batch(model, prompts, max_new_tokens):
+        rows, replies, done = [list(p) for p in prompts], [[] for _ in prompts], [False] * len(prompts)
+        while not all(done):
+            width = max(map(len, rows))
+            logits = model(torch.tensor([r + [PAD] * (width - len(r)) for r in rows]))
+            for b, row in enumerate(rows):
+                if done[b]:
+                    continue
+                token = logits[b, len(row) - 2].argmax().item()  # one position early: no known mistake
+                if token == EOS:
+                    done[b] = True
+                    continue
+                replies[b].append(token)
+                row.append(token)
+                done[b] = len(replies[b]) >= max_new_tokens
+        return replies
+"""
+
 OLDEST_VICTIM = """
     from minillm.engine.scheduler import Plan
 
@@ -84,7 +108,18 @@ def test_a_wrong_loop_gets_its_hint_first(tmp_path):
     assert len(lines) <= 15, "\n".join(lines)
     assert lines[0].startswith("hint: padding on the LEFT"), "\n".join(lines)
     assert any("everything: pytest -m lesson01 --tb=long" in line for line in lines)
-    assert lines[-2] == "lesson 01: failing (1 test)" and "1 failed" in lines[-1]
+    assert lines[-2] == "lesson 01: failing (2 tests)" and "2 failed" in lines[-1]  # the random model's, the edges'
+    assert any(line.startswith("also failing, ") for line in lines)
+
+
+@CHECKS
+def test_an_unknown_mistake_gets_the_plain_expected_and_got_line_first(tmp_path):
+    """No hint where none applies, and the check's own diagnosis never crashes (it once raised IndexError replaying
+    a known mistake that crashes on this case, and the student read "your code raised IndexError")."""
+    code, lines = run_check(tmp_path, "01", "lesson01_generate", READS_ONE_EARLY)
+    assert code == 1 and len(lines) <= 15, "\n".join(lines)
+    assert lines[0].startswith("shipped model, four prompts (max_new_tokens=12): row 0: expected ["), "\n".join(lines)
+    assert ", got [" in lines[0] and "hint:" not in "\n".join(lines) and "IndexError" not in "\n".join(lines)
 
 
 @CHECKS

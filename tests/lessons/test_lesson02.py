@@ -3,8 +3,12 @@
 Your append_kv and cached_attention, plugged into the real model through SimpleKVCache, must give
 the same logits and tokens as the model without a cache.
 
+Both must also leave their arguments as they were (a query scaled in place gives the right attention, and a
+wrong q to whoever reads it next), and append_kv must take every new token of a chunk, not just one.
+
 WRONG and KNOWN_MISTAKES (below) list the mistakes a room makes, each caught; CORRECT, attention written
-differently (expand, a -1e9 fill, a mask aligned to the cache's end, torch's sdpa) that must pass.
+differently (expand, a -1e9 fill, a mask aligned to the cache's end, torch's sdpa, a loop over heads) and
+CORRECT_APPEND, appends, that must pass.
 """
 
 from __future__ import annotations
@@ -16,7 +20,7 @@ import pytest
 import torch
 
 from minillm.model.attention import attend, reference_attention, visible_mask
-from tests.lessons.harness import CHECKS, implementations, small_model, stub, student_module
+from tests.lessons.harness import CHECKS, case, implementations, small_model, stub, student_module
 
 lesson = pytest.mark.lesson02  # your code's checks: pytest -m lesson02
 
@@ -45,6 +49,10 @@ def make_attention(mask="positions", scale=True, gqa="repeat_interleave", softma
         T, H, D = q.shape[1:]
         S, Hkv = k.shape[1], k.shape[2]
         group = H // Hkv
+        if scale == "q-in-place":  # right scores, but the caller's q is divided too (wrong)
+            q /= math.sqrt(D)
+        elif scale == "k-in-place":  # the same on the keys: in the model, the CACHED keys shrink every step (wrong)
+            k /= math.sqrt(D)
         if gqa == "repeat_interleave":  # kv head j serves query heads j*group .. (j+1)*group - 1
             k, v = k.repeat_interleave(group, dim=2), v.repeat_interleave(group, dim=2)
         elif gqa == "expand":  # the same, without a copy: (1, S, Hkv, group, D) viewed as (1, S, H, D)
@@ -54,7 +62,7 @@ def make_attention(mask="positions", scale=True, gqa="repeat_interleave", softma
         scores = torch.einsum("bthd,bshd->bhts", q, k)  # (1, H, T, S)
         if scale == "head_dim":  # by d, not by its square root (wrong)
             scores = scores / D
-        elif scale:
+        elif scale is True:
             scores = scores / math.sqrt(D)
         keys, pos = torch.arange(S), q_positions[0][:, None]  # (S,), (T, 1)
         visible = {
@@ -82,6 +90,46 @@ def forgets_the_cache(cached, new):  # keeps only this step's keys (wrong)
     return new
 
 
+def appends_the_last_new_token(cached, new):  # as if a forward always brought one token: a chunk loses its head (wrong)
+    return new if cached is None else torch.cat([cached, new[:, -1:]], dim=1)
+
+
+def into_a_new_tensor(cached, new):
+    """Right, written differently: an empty tensor of the final size, filled in two slices."""
+    if cached is None:
+        return new.clone()
+    S, T = cached.shape[1], new.shape[1]
+    out = cached.new_empty(1, S + T, *new.shape[2:])  # (1, S + T, Hkv, D)
+    out[:, :S], out[:, S:] = cached, new
+    return out
+
+
+def concat_from_the_end(cached, new):
+    """Right, written differently: the tokens named as dim -3, counted from the end, and a tuple to torch.concat."""
+    return new if cached is None else torch.concat((cached, new), dim=-3)
+
+
+def head_by_head(q, k, v, q_positions):
+    """Right, written differently: a loop over query heads with matmul, kv head h // group for query head h, and
+    the mask cut from a full causal one at the queries' first position (the new tokens are contiguous)."""
+    T, H, D = q.shape[1:]
+    S, group = k.shape[1], q.shape[2] // k.shape[2]
+    start = int(q_positions[0, 0])
+    causal = torch.ones(S, S, dtype=torch.bool).tril()[start : start + T]  # (T, S): rows of the queries' positions
+    heads = []
+    for h in range(H):
+        qh, kh, vh = q[0, :, h], k[0, :, h // group], v[0, :, h // group]  # (T, D), (S, D), (S, D)
+        scores = (qh @ kh.T) * D**-0.5  # (T, S)
+        heads.append(scores.masked_fill(~causal, float("-inf")).softmax(-1) @ vh)  # (T, D)
+    return torch.stack(heads, dim=1)[None]  # (1, T, H, D)
+
+
+def no_repeat(q, k, v, q_positions):  # the kv heads never repeated: right for MHA, a crash where n_kv_heads < n_heads
+    scores = torch.einsum("bthd,bshd->bhts", q, k) / math.sqrt(q.shape[-1])  # (1, H, T, S)
+    visible = torch.arange(k.shape[1]) <= q_positions[0][:, None]  # (T, S)
+    return torch.einsum("bhts,bshd->bthd", scores.masked_fill(~visible, float("-inf")).softmax(-1), v)
+
+
 def sdpa_attention(q, k, v, q_positions):
     """Right, with torch's own attention and a boolean mask (True: may attend)."""
     group = q.shape[2] // k.shape[2]
@@ -107,20 +155,42 @@ KNOWN_MISTAKES = {
 
 
 # --- the checks --------------------------------------------------------------------------------
+def check_unchanged(what: str, given: dict[str, torch.Tensor], passed: dict[str, torch.Tensor]) -> None:
+    """Your function must leave its arguments as they were (`passed`, compared with copies taken before the call):
+    its caller (the model, the cache) still reads them."""
+    for name, before in given.items():
+        now = passed[name]
+        assert now.shape == before.shape and torch.equal(now, before), (
+            f"{what}: the {name} it was given has changed (an in-place op on an argument: /=, +=, a method ending "
+            "in _): compute on new tensors (x = x / d, not x /= d); the caller still reads it"
+        )
+
+
 def check_append(append) -> None:
     torch.manual_seed(0)
-    first, second = torch.randn(1, 3, 2, 4), torch.randn(1, 1, 2, 4)  # (1, T, n_kv_heads, head_dim)
-    cached = append(None, first)
+    first, second, chunk = torch.randn(1, 3, 2, 4), torch.randn(1, 1, 2, 4), torch.randn(1, 2, 2, 4)  # (1, T, Hkv, D)
+    with case("append_kv(None, new)"):
+        cached = append(None, first.clone())
     assert torch.equal(cached, first), "append_kv(None, new) must return the new keys (nothing was cached)"
-    try:
-        both = append(cached, second)
-    except RuntimeError as e:  # e.g. torch.cat along another dim than the tokens'
-        raise AssertionError(
-            f"append_kv(cached (1, 3, 2, 4), new (1, 1, 2, 4)) raised {e}: the tokens are dim 1, "
-            "(1, tokens, kv heads, head_dim)"
-        ) from None
-    assert both.shape == (1, 4, 2, 4), f"appending 1 token to 3 must give shape (1, 4, 2, 4), got {tuple(both.shape)}"
-    assert torch.equal(both, torch.cat([first, second], dim=1)), "the new keys must come after the cached ones"
+    for what, new in (("1 new token after 3 cached", second), ("2 new tokens at once after 3 cached", chunk)):
+        given = {"cached": cached.clone(), "new": new.clone()}
+        args = {name: x.clone() for name, x in given.items()}
+        try:
+            both = append(args["cached"], args["new"])
+        except RuntimeError as e:  # e.g. torch.cat along another dim than the tokens'
+            raise AssertionError(
+                f"append_kv, {what}: cached (1, 3, 2, 4), new {tuple(new.shape)} raised {e}: the tokens are dim 1, "
+                "(1, tokens, kv heads, head_dim)"
+            ) from None
+        check_unchanged(f"append_kv, {what}", given, args)
+        S = 3 + new.shape[1]
+        assert both.shape == (1, S, 2, 4), (
+            f"append_kv, {what}: expected shape (1, {S}, 2, 4), got {tuple(both.shape)}"
+            + (": every new token goes into the cache, not just the last" if both.shape == (1, 4, 2, 4) else "")
+        )
+        assert torch.equal(both, torch.cat([first, new], dim=1)), (
+            f"append_kv, {what}: the new keys must come after the cached ones, in their order"
+        )
 
 
 def check_attention(attention) -> None:
@@ -131,8 +201,12 @@ def check_attention(attention) -> None:
         for name, first in (("prefill (all 6 tokens)", 0), ("decode (the 6th token)", S - 1), ("2 new tokens", 4)):
             q, positions = q_all[:, first:], torch.arange(first, S)[None]  # (1, T, H, D), (1, T)
             expected = reference_attention(q, k, v, visible_mask(positions, S))
-            got = attention(q, k, v, positions)
             where = f"{H} query heads, {Hkv} kv heads, {name}"
+            given = {"q": q, "k": k, "v": v, "q_positions": positions}
+            args = {name: x.clone() for name, x in given.items()}  # yours to use; `given` stays as it was
+            with case(where):
+                got = attention(args["q"], args["k"], args["v"], args["q_positions"])
+            check_unchanged(f"{where}: cached_attention", given, args)
             assert got.shape == expected.shape, (
                 f"{where}: expected shape {tuple(expected.shape)}, got {tuple(got.shape)}"
             )
@@ -141,7 +215,7 @@ def check_attention(attention) -> None:
             hints = [
                 why
                 for why, mistake in KNOWN_MISTAKES.items()
-                if mistake(q, k, v, positions).allclose(got, equal_nan=True)
+                if mistake(q.clone(), k, v, positions).allclose(got, equal_nan=True)
             ]
             raise AssertionError(
                 f"{where}: your attention differs from softmax(q k^T / sqrt(d)) v by up to "
@@ -185,7 +259,8 @@ def check_in_the_model(append, attention, steps: int = 5) -> None:
                 elif new is not sequence:
                     sequence = torch.cat([sequence, new], dim=1)
                 T = new.shape[1]
-                cached = model(new, cache.prepare([0], T), cache)  # (1, T, V)
+                with case(f"{name} model, {what}"):
+                    cached = model(new, cache.prepare([0], T), cache)  # (1, T, V)
                 full = model(sequence)[:, -T:]  # the same positions, no cache
                 same = torch.allclose(cached, full, rtol=1e-4, atol=1e-5)
                 assert same, (
@@ -219,6 +294,12 @@ CORRECT = {  # right, written differently: the checks must pass them
     "a-large-negative-fill": make_attention(fill=-1e9),
     "mask-aligned-to-the-cache-end": make_attention(mask="bottom-right"),
     "torch-sdpa": sdpa_attention,
+    "head-by-head-matmul": head_by_head,
+}
+CORRECT_APPEND = {
+    "torch-cat": reference_append,
+    "into-a-new-tensor": into_a_new_tensor,
+    "concat-dim-3": concat_from_the_end,
 }
 
 
@@ -228,10 +309,18 @@ def test_a_correct_version_passes(attention):
     check_all(SimpleNamespace(append=reference_append, attention=attention))
 
 
+@CHECKS
+@pytest.mark.parametrize("append", CORRECT_APPEND.values(), ids=CORRECT_APPEND.keys())
+def test_a_correct_append_passes(append):
+    check_all(SimpleNamespace(append=append, attention=head_by_head))
+
+
 WRONG = {
     "prepends": SimpleNamespace(append=prepend, attention=make_attention()),
     "appends-on-the-heads-dim": SimpleNamespace(append=on_the_heads, attention=make_attention()),
     "forgets-the-cache": SimpleNamespace(append=forgets_the_cache, attention=make_attention()),
+    "appends-only-the-last-new-token": SimpleNamespace(append=appends_the_last_new_token, attention=make_attention()),
+    "forgets-to-repeat-the-kv-heads": SimpleNamespace(append=reference_append, attention=no_repeat),
     **{
         name: SimpleNamespace(append=reference_append, attention=make_attention(**kwargs))
         for name, kwargs in {
@@ -242,9 +331,12 @@ WRONG = {
             "gqa-repeat": dict(gqa="repeat"),
             "divides-by-head-dim": dict(scale="head_dim"),
             "softmax-over-the-queries": dict(softmax_dim=-2),
+            "scales-the-query-in-place": dict(scale="q-in-place"),
+            "scales-the-keys-in-place": dict(scale="k-in-place"),
         }.items()
     },
 }
+IN_PLACE = {"scales-the-query-in-place": "the q it was given", "scales-the-keys-in-place": "the k it was given"}
 
 
 @CHECKS
@@ -255,11 +347,30 @@ def test_the_checks_catch_a_wrong_cache(wrong):
 
 
 @CHECKS
-@pytest.mark.parametrize("wrong", WRONG.values(), ids=WRONG.keys())
-def test_a_wrong_cache_changes_what_the_model_says(wrong):
-    """Not just the unit checks: each mistake also shows in the real model's logits (GQA included), or crashes it."""
+@pytest.mark.parametrize("name", [n for n in WRONG if n != "scales-the-query-in-place"])
+def test_a_wrong_cache_changes_what_the_model_says(name):
+    """Not just the unit checks: each mistake also shows in the real model's logits (GQA included), or crashes it;
+    all but the query scaled in place, which only its caller would see (the model makes a new q every layer)."""
     with pytest.raises((AssertionError, RuntimeError)):
-        check_in_the_model(wrong.append, wrong.attention)
+        check_in_the_model(WRONG[name].append, WRONG[name].attention)
+
+
+@CHECKS
+@pytest.mark.parametrize("name", IN_PLACE)
+def test_an_argument_changed_in_place_is_named_first(name):
+    with pytest.raises(AssertionError) as failure:
+        check_all(WRONG[name])
+    first = str(failure.value).splitlines()[0]
+    assert (
+        first.startswith("4 query heads, 4 kv heads, prefill (all 6 tokens): cached_attention: ")
+        and IN_PLACE[name] in first
+    ), first
+
+
+@CHECKS
+def test_a_crash_names_its_case():
+    with pytest.raises(AssertionError, match=r"^4 query heads, 2 kv heads, prefill \(all 6 tokens\): your code raised"):
+        check_attention(no_repeat)
 
 
 @CHECKS

@@ -4,25 +4,39 @@ Your scheduler runs inside the real engine. A referee looks at every decision it
 while any member of the batch still runs, nobody joins; once all have finished, the next batch
 is the head of the queue, in order, as many as fit.
 
+The edges are checked too: prompts that fill the free blocks exactly on a block boundary (and one token past
+one), batch members that end on EOS before their caps (one on its very first token: an empty reply), same-step
+arrivals whose ids do not sort in queue order, steps when nobody waits; and schedule() must leave the lists it is
+given as they were. Each edge failure names its case first.
+
 WRONG (below) lists the mistakes a room makes, each caught (a prompt that fills the free blocks exactly
-included); StaticBySums, a policy written differently that must pass.
+included); CORRECT, policies written differently that must pass.
 """
 
 from __future__ import annotations
 
-import pytest
+import functools
+import itertools
 
+import pytest
+import torch
+
+from lessons.fairness import StandIn
+from minillm.config import ModelConfig
 from minillm.engine.request import Request
 from minillm.engine.scheduler import KVSpace, Plan, StaticScheduler
+from minillm.model.tokenizer import EOS
 from minillm.runs.workload import SEED_STORY, SEED_STORY_SLOTS
 from tests.lessons.harness import (
     CHECKS,
     Decision,
+    Guarded,
     Referee,
     assert_admitted_at,
     assert_admitted_the_head_of_the_queue,
     assert_served_everyone,
     assert_writes_its_own_policy,
+    case,
     crowd,
     exact_crowd,
     implementations,
@@ -60,7 +74,8 @@ def judge_static(d: Decision) -> None:
 def check_crowd(scheduler_cls, kv: str) -> None:
     """Ten requests arriving over time, three seats: every step obeys the rule, everyone is served exactly."""
     requests = crowd()
-    engine = serve(small_model("gqa"), Referee(scheduler_cls(), judge_static), requests, slots=3, kv=kv, block_size=4)
+    referee = Referee(Guarded(scheduler_cls()), judge_static)
+    engine = serve(small_model("gqa"), referee, requests, slots=3, kv=kv, block_size=4)
     assert_served_everyone(engine, requests)
 
 
@@ -81,7 +96,7 @@ def memory_crowd() -> list[Request]:
 def check_memory(scheduler_cls) -> None:
     """Admission limited by KV blocks: first come, first served, counting each admission's blocks."""
     requests = memory_crowd()
-    referee = Referee(scheduler_cls(), judge_static)
+    referee = Referee(Guarded(scheduler_cls()), judge_static)
     engine = serve(small_model("gqa"), referee, requests, slots=4, kv="paged", block_size=4, num_blocks=12)
     assert_served_everyone(engine, requests)
 
@@ -89,13 +104,13 @@ def check_memory(scheduler_cls) -> None:
 def check_exact_fit(scheduler_cls) -> None:
     """A prompt that needs exactly the blocks still free fits: it boards."""
     requests = exact_crowd()
-    referee = Referee(scheduler_cls(), judge_static)
+    referee = Referee(Guarded(scheduler_cls()), judge_static)
     engine = serve(small_model("gqa"), referee, requests, slots=4, kv="paged", block_size=4, num_blocks=10)
     assert_served_everyone(engine, requests)
 
 
 def check_seed_story(scheduler_cls) -> None:
-    story = run_seed_story(scheduler_cls(), judge_static)
+    story = run_seed_story(Guarded(scheduler_cls()), judge_static)
     batch = SEED_STORY[:SEED_STORY_SLOTS]  # the story's first users fill the seats; the rest board together
     longest, steps = max(((rid, n) for rid, _, n in batch), key=lambda x: x[1])
     first = f"the first batch: {len(batch)} users, {SEED_STORY_SLOTS} free seats"
@@ -106,12 +121,93 @@ def check_seed_story(scheduler_cls) -> None:
     assert_admitted_at(story, expected, {rid: first if step == 0 else late for rid, step in expected.items()})
 
 
+def boundary_crowd() -> list[Request]:
+    """(Pool of 10 blocks of 4.) Prompts that end exactly on a block boundary fill the pool exactly: b0 (16 tokens,
+    4 blocks) and b1 (24, 6 blocks); then one token past a boundary: b2 (17 tokens, 5 blocks) and b3 (20, 5 blocks)
+    fill it again, and b4 (4 tokens, 1 block) must wait for the next batch. One-token replies never need a new block."""
+    return [
+        Request(f"b{i}", [257] + [(5 * i + j) % 256 for j in range(n - 1)], 1, ignore_eos=True)
+        for i, n in enumerate([16, 24, 17, 20, 4])
+    ]
+
+
+def check_block_boundaries(scheduler_cls) -> None:
+    requests = boundary_crowd()
+    label = "prompts that end exactly on a block boundary (16 and 24 tokens in blocks of 4), then one token past one"
+    with case(label):
+        referee = Referee(Guarded(scheduler_cls()), judge_static)
+        engine = serve(small_model("gqa"), referee, requests, slots=4, kv="paged", block_size=4, num_blocks=10)
+        assert_served_everyone(engine, requests)
+
+
+class Countdown(StandIn):
+    """A stand-in model (no computation) that replies on cue: after byte n it says n - 1, after 0 (or a special
+    token) EOS. A prompt ending in byte n gets n - 1, ..., 1, 0 and then EOS: n tokens, so under a larger cap the
+    reply ends on EOS, and a prompt ending in 0 gets none at all (its first reply token is EOS)."""
+
+    def forward(self, tokens, *args, logits_at=None, **kwargs):
+        last = tokens.flatten()[logits_at]  # (R,): the token each sampling row ends on
+        says = torch.where((last > 0) & (last < 256), last - 1, EOS)
+        return torch.nn.functional.one_hot(says, self.cfg.vocab_size).float()  # (R, V)
+
+
+@functools.cache
+def countdown_model() -> Countdown:
+    return Countdown(ModelConfig(dim=32, n_layers=1, n_heads=2, n_kv_heads=1, ffn_dim=64, max_seq_len=256)).eval()
+
+
+def served_by_countdown(scheduler_cls, requests: list[Request], label: str, slots: int) -> None:
+    """Every request finished with its countdown reply (cut by its cap), every decision right, all blocks free."""
+    with case(label):
+        referee = Referee(Guarded(scheduler_cls()), judge_static)
+        engine = serve(countdown_model(), referee, requests, max_steps=100, slots=slots, kv="paged", block_size=4)
+        stuck = [r.id for r in requests if not r.is_finished]
+        assert not stuck, (
+            f"after {engine.step_no} steps these requests never finished: {stuck} (still waiting: "
+            f"{[r.id for r in engine.waiting]})"
+        )
+        for r in requests:
+            expected = list(range(r.prompt_ids[-1] - 1, -1, -1))[: r.max_new_tokens]
+            assert r.output_ids == expected, f"{r.id}: expected the reply {expected}, got {r.output_ids}"
+        assert engine.cache.free_blocks == engine.cache.num_blocks, "KV blocks are still held after the run"
+
+
+def check_eos_before_the_cap(scheduler_cls) -> list[Request]:
+    """Three seats. c0 says 2 tokens and EOS under a cap of 9; c1 says EOS at once (an empty reply) under a cap of 12;
+    c2 is cut by its cap of 5. The batch is over after step 4, long before the caps of 9 and 12 would end it: the next
+    batch (c3, c4, c5) boards at step 5."""
+    shape = [(2, 9), (0, 12), (7, 5), (3, 3), (1, 4), (4, 8)]  # (the prompt's last byte = its reply's length, cap)
+    requests = [Request(f"c{i}", [257, 65, n], cap) for i, (n, cap) in enumerate(shape)]
+    label = "batch members that end on EOS before their caps (c1 on its very first token)"
+    served_by_countdown(scheduler_cls, requests, label, slots=3)
+    return requests
+
+
+def arrival_crowd() -> list[Request]:
+    """(Three seats.) u10 and u2 arrive at step 0; nobody is waiting at steps 3 to 5; u1, u11 and u0 arrive at step 6,
+    in that order: the queue's order, which is not the order of their ids (as text or as numbers)."""
+    arrivals = [("u10", 0), ("u2", 0), ("u1", 6), ("u11", 6), ("u0", 6)]
+    return [Request(rid, [257, 66, 3], 3, arrival_step=step) for rid, step in arrivals]
+
+
+def check_arrival_order(scheduler_cls) -> None:
+    requests = arrival_crowd()
+    label = (
+        "u10 and u2 arrive at step 0, u1, u11 and u0 at step 6 (same-step arrivals whose ids do not sort in submit "
+        "order, and an empty queue between)"
+    )
+    served_by_countdown(scheduler_cls, requests, label, slots=3)
+
+
 def check_all(scheduler_cls) -> None:
     check_crowd(scheduler_cls, "contiguous")
     check_crowd(scheduler_cls, "paged")
     check_memory(scheduler_cls)
     check_exact_fit(scheduler_cls)
     check_seed_story(scheduler_cls)
+    check_block_boundaries(scheduler_cls)
+    check_eos_before_the_cap(scheduler_cls)
+    check_arrival_order(scheduler_cls)
 
 
 @pytest.mark.parametrize("kv", ["contiguous", "paged"])
@@ -131,6 +227,18 @@ def test_the_seed_story_makes_everyone_wait_for_B(scheduler_cls):
     check_seed_story(scheduler_cls)
 
 
+def test_prompts_on_a_block_boundary_fill_the_pool_exactly(scheduler_cls):
+    check_block_boundaries(scheduler_cls)
+
+
+def test_a_batch_whose_members_end_on_eos_before_their_caps_is_over(scheduler_cls):
+    check_eos_before_the_cap(scheduler_cls)
+
+
+def test_same_step_arrivals_board_in_queue_order_and_an_empty_queue_is_fine(scheduler_cls):
+    check_arrival_order(scheduler_cls)
+
+
 # --- the checks catch plausible mistakes --------------------------------------------------------
 class Static:
     """A static scheduler written out, with switches for the mistakes below."""
@@ -140,22 +248,41 @@ class Static:
 
     def __init__(
         self, joins=False, batch_size=None, shortest_first=False, needs_empty_seats=False, kv="counted",
-        empty_seats_only=False,
+        empty_seats_only=False, over="finished", first_token_block=False, queue="as-given", pops=False, peeks=False,
     ):  # fmt: skip
         self.joins, self.batch_size, self.shortest_first = joins, batch_size, shortest_first
         self.needs_empty_seats, self.kv, self.empty_seats_only = needs_empty_seats, kv, empty_seats_only
+        self.over, self.first_token_block, self.queue = over, first_token_block, queue
+        self.pops, self.peeks = pops, peeks
+        self.steps_left = 0  # over="timer": steps the batch still runs, counted down from its longest cap
+
+    def still_running(self, r: Request) -> bool:
+        if self.over == "under-the-cap":  # a member that ended on EOS before its cap looks busy forever (wrong)
+            return len(r.output_ids) < r.max_new_tokens
+        return self.needs_empty_seats or not r.is_finished
+
+    def cost(self, r: Request, kv: KVSpace) -> int:
+        tokens = r.tokens_in_cache_after_prefill + self.first_token_block  # +1: "room for the reply's first" (wrong)
+        return kv.blocks_to_admit(tokens)
 
     def schedule(self, waiting: list[Request], seats: list[Request | None], kv: KVSpace) -> Plan:
-        busy = [r for r in seats if r is not None and (self.needs_empty_seats or not r.is_finished)]
+        busy = [r for r in seats if r is not None and self.still_running(r)]
+        if self.over == "timer" and self.steps_left > 0:  # as if every reply ran to its cap (wrong: EOS ends it)
+            self.steps_left -= 1
+            return Plan()
         if busy and not self.joins:
             return Plan()
+        if self.peeks and self.cost(waiting[0], kv) > kv.free_blocks:  # the head, read before asking if there is one
+            return Plan()
         queue = sorted(waiting, key=lambda r: r.max_new_tokens) if self.shortest_first else waiting
+        if self.queue == "arrival-then-id":  # "oldest first, ties by id": the queue is in order already (wrong)
+            queue = sorted(waiting, key=lambda r: (r.arrival_step, r.id))
         admit, free = [], kv.free_blocks
         seats_free = seats.count(None) if self.empty_seats_only else len(seats) - len(busy)  # held seats too
-        for r in queue:
+        for r in list(queue):
             if len(admit) == (self.batch_size or seats_free):
                 break
-            cost = kv.blocks_to_admit(r.tokens_in_cache_after_prefill)
+            cost = self.cost(r, kv)
             if self.kv == "strict" and cost >= free:  # a prompt that fills the free blocks exactly waits (wrong)
                 break
             if cost > free and self.kv != "ignored":
@@ -163,8 +290,12 @@ class Static:
                     continue  # a smaller request behind it boards first (wrong)
                 break
             admit.append(r)
+            if self.pops:  # off the caller's list, as if the queue were the policy's own (wrong)
+                waiting.remove(r)
             if self.kv != "never-subtracted":
                 free -= cost
+        if self.over == "timer" and admit:
+            self.steps_left = max(r.max_new_tokens for r in admit) - 1
         return Plan(admit=admit)
 
 
@@ -178,6 +309,22 @@ WRONG = {
     "never-subtracts-earlier-admissions": dict(kv="never-subtracted"),
     "refuses-a-prompt-that-fits-exactly": dict(kv="strict"),
     "counts-only-empty-seats-so-held-ones-never-free-up": dict(empty_seats_only=True),
+    # caught only by the edge cases and the arguments' check
+    "counts-a-member-under-its-cap-as-running": dict(over="under-the-cap"),
+    "waits-out-the-longest-cap": dict(over="timer"),
+    "reserves-a-block-for-the-first-reply-token": dict(first_token_block=True),
+    "sorts-same-step-arrivals-by-id": dict(queue="arrival-then-id"),
+    "reads-the-head-of-an-empty-queue": dict(peeks=True),
+    "pops-admitted-requests-off-the-queue": dict(pops=True),
+}
+# the words that open each edge mistake's failure: the case, or the step where the arguments changed
+NAMED_BY = {
+    "counts-a-member-under-its-cap-as-running": "batch members that end on EOS before their caps",
+    "waits-out-the-longest-cap": "batch members that end on EOS before their caps",
+    "reserves-a-block-for-the-first-reply-token": "prompts that end exactly on a block boundary",
+    "sorts-same-step-arrivals-by-id": "u10 and u2 arrive at step 0, u1, u11 and u0 at step 6",
+    "reads-the-head-of-an-empty-queue": "u10 and u2 arrive at step 0, u1, u11 and u0 at step 6",
+    "pops-admitted-requests-off-the-queue": "step 0: your schedule() changed the `waiting` list it was given",
 }
 
 
@@ -197,8 +344,52 @@ class StaticBySums:
         return Plan(admit=batch)
 
 
+class StaticByRunningTotals:
+    """Right, written differently: "the batch is over" is all() over the seats, and the batch is cut where the
+    running total of the queue's blocks (itertools.accumulate) passes what is free."""
+
+    name, holds_finished_seats = "static-running-totals", True
+
+    def schedule(self, waiting, seats, kv):
+        if not all(r is None or r.is_finished for r in seats):
+            return Plan()
+        totals = itertools.accumulate(kv.blocks_to_admit(r.tokens_in_cache_after_prefill) for r in waiting)
+        fits = sum(1 for _ in itertools.takewhile(lambda total: total <= kv.free_blocks, totals))
+        return Plan(admit=waiting[: min(fits, len(seats))])
+
+
+class StaticRemembersItsBatch:
+    """Right, written differently: it keeps the batch it formed and waits until every member has finished (state
+    carried from one call to the next, kept right: it asks the requests, not a clock)."""
+
+    name, holds_finished_seats = "static-remembers-its-batch", True
+
+    def __init__(self):
+        self.batch: list[Request] = []
+
+    def schedule(self, waiting, seats, kv):
+        if any(not r.is_finished for r in self.batch):
+            return Plan()
+        self.batch, free = [], kv.free_blocks
+        for r in waiting:
+            cost = kv.blocks_to_admit(r.tokens_in_cache_after_prefill)
+            if len(self.batch) == len(seats) or cost > free:
+                break
+            self.batch.append(r)
+            free -= cost
+        return Plan(admit=list(self.batch))
+
+
+CORRECT = {
+    "written-out": Static,
+    "by-sums": StaticBySums,
+    "by-running-totals": StaticByRunningTotals,
+    "remembers-its-batch": StaticRemembersItsBatch,
+}
+
+
 @CHECKS
-@pytest.mark.parametrize("right", [Static, StaticBySums], ids=["written-out", "by-sums"])
+@pytest.mark.parametrize("right", CORRECT.values(), ids=CORRECT.keys())
 def test_a_correct_version_passes(right):
     check_all(right)
 
@@ -231,6 +422,33 @@ def test_the_memory_crowd_is_limited_by_memory():
 def test_the_checks_catch_a_wrong_static_policy(mistake):
     with pytest.raises(AssertionError):
         check_all(lambda: Static(**mistake))
+
+
+@CHECKS
+@pytest.mark.parametrize("name", NAMED_BY)
+def test_an_edge_mistake_is_named_by_its_case(name):
+    with pytest.raises(AssertionError) as failure:
+        check_all(lambda: Static(**WRONG[name]))
+    assert str(failure.value).startswith(NAMED_BY[name]), str(failure.value)
+
+
+@CHECKS
+def test_the_edge_crowds_are_what_their_names_say():
+    """On the reference: the boundary prompts fill the pool exactly, then one token past a boundary costs a block
+    more; the EOS crowd's first batch ends by EOS before its caps, one member on its first token, and the next batch
+    boards at step 5; the arrival crowd has steps with nobody waiting."""
+    referee = Referee(StaticScheduler(), judge_static)
+    serve(small_model("gqa"), referee, boundary_crowd(), slots=4, kv="paged", block_size=4, num_blocks=10)
+    first, second, third = [d for d in referee.decisions if d.admit][:3]
+    assert first.admit == ["b0", "b1"] and first.cost == {"b0": 4, "b1": 6, "b2": 5, "b3": 5, "b4": 1}
+    assert second.admit == ["b2", "b3"] and third.admit == ["b4"]
+    requests = check_eos_before_the_cap(StaticScheduler)
+    assert [r.finish_reason for r in requests[:3]] == ["eos", "eos", "length"] and requests[1].output_ids == []
+    assert requests[3].admit_step == 5
+    referee = Referee(StaticScheduler(), judge_static)
+    serve(countdown_model(), referee, arrival_crowd(), slots=3)
+    assert [d.waiting for d in referee.decisions[3:6]] == [[], [], []]
+    assert referee.decisions[6].admit == ["u1", "u11", "u0"]
 
 
 @CHECKS

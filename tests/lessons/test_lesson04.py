@@ -4,12 +4,16 @@ Your scheduler runs inside the real engine. A referee looks at every decision it
 running requests cannot all grow, the newest are preempted (and only as many as needed); then free
 seats go to the head of the queue, in order, while the prompts fit; no seat idles while the head fits.
 
+Edges too: prompts that fill the pool exactly on a block boundary, same-step arrivals whose ids do not sort in
+queue order, steps when nobody waits; and schedule() must leave the lists it is given as they were.
+
 WRONG (below) lists the mistakes a room makes, each caught (blocks that suffice exactly, for a prompt and
-for growth, included); ContinuousNewestFirst, a policy written differently that must pass.
+for growth, included); CORRECT, policies written differently that must pass.
 """
 
 from __future__ import annotations
 
+import heapq
 import importlib
 import sys
 
@@ -21,12 +25,14 @@ from minillm.runs.workload import SEED_STORY, SEED_STORY_SLOTS
 from tests.lessons.harness import (
     CHECKS,
     Decision,
+    Guarded,
     Referee,
     assert_admitted_at,
     assert_admitted_the_head_of_the_queue,
     assert_served_everyone,
     assert_writes_its_own_policy,
     blocks,
+    case,
     crowd,
     exact_crowd,
     implementations,
@@ -73,7 +79,7 @@ def check_crowd(scheduler_cls, kv: str) -> None:
     """Ten requests arriving over time, three seats, memory to spare: every step obeys the rules."""
     requests = crowd()
     engine = serve(
-        small_model("gqa"), Referee(scheduler_cls(), judge_continuous), requests, slots=3, kv=kv, block_size=4
+        small_model("gqa"), Referee(Guarded(scheduler_cls()), judge_continuous), requests, slots=3, kv=kv, block_size=4
     )
     assert_served_everyone(engine, requests)
 
@@ -81,7 +87,7 @@ def check_crowd(scheduler_cls, kv: str) -> None:
 def check_preemption(scheduler_cls) -> None:
     """A paged pool too small for everyone: requests must be preempted, and still come out token-exact."""
     requests = crowd(12, seed=1)
-    referee = Referee(scheduler_cls(), judge_continuous)
+    referee = Referee(Guarded(scheduler_cls()), judge_continuous)
     engine = serve(small_model("gqa"), referee, requests, slots=4, kv="paged", block_size=4, num_blocks=14)
     assert_served_everyone(engine, requests)
     assert sum(r.preemptions for r in requests) > 0, (
@@ -101,7 +107,7 @@ def two_victims() -> list[Request]:
 
 def check_two_victims(scheduler_cls) -> Referee:
     requests = two_victims()
-    referee = Referee(scheduler_cls(), judge_continuous)
+    referee = Referee(Guarded(scheduler_cls()), judge_continuous)
     engine = serve(small_model("gqa"), referee, requests, slots=3, kv="paged", block_size=4, num_blocks=6)
     assert_served_everyone(engine, requests)
     return referee
@@ -113,18 +119,50 @@ def exact_growth() -> list[Request]:
     return [Request(f"g{i}", [257] + [(9 * i + j) % 256 for j in range(3)], 6, ignore_eos=True) for i in range(2)]
 
 
+def on_a_boundary() -> list[Request]:
+    """A pool of 10 blocks of 4: prompts that end exactly on a block boundary, b0 (16 tokens, 4 blocks) and b1 (24,
+    6 blocks), fill it at step 0; b2, one token past a boundary (17 tokens, 5 blocks), waits until both have gone."""
+    return [
+        Request(f"b{i}", [257] + [(5 * i + j) % 256 for j in range(n - 1)], 1, ignore_eos=True)
+        for i, n in enumerate([16, 24, 17])
+    ]
+
+
 def check_exact_fits(scheduler_cls) -> None:
-    """Blocks that suffice exactly are enough: for a newcomer's prompt, and for the running requests' growth."""
-    for requests, pool in ((exact_crowd(), 10), (exact_growth(), 4)):
-        referee = Referee(scheduler_cls(), judge_continuous)
-        engine = serve(small_model("gqa"), referee, requests, slots=4, kv="paged", block_size=4, num_blocks=pool)
+    """Blocks that suffice exactly are enough: for a newcomer's prompt (one short of a block boundary, and on one),
+    and for the running requests' growth."""
+    crowds = [
+        ("prompts that fill the free blocks exactly, one token short of a block boundary", exact_crowd(), 10),
+        ("prompts that end exactly on a block boundary (16 and 24 tokens in blocks of 4)", on_a_boundary(), 10),
+        ("two requests whose growth needs exactly the 2 free blocks at step 1", exact_growth(), 4),
+    ]
+    for label, requests, pool in crowds:
+        with case(label):
+            referee = Referee(Guarded(scheduler_cls()), judge_continuous)
+            engine = serve(small_model("gqa"), referee, requests, slots=4, kv="paged", block_size=4, num_blocks=pool)
+            assert_served_everyone(engine, requests)
+
+
+def arrival_crowd() -> list[Request]:
+    """(Two seats.) u10, u2 and u1 arrive at step 0, u11 and u0 at step 1: the queue's order, not their ids' (as text
+    or as numbers), decides who takes each seat as it frees; then nobody waits until u9 arrives at step 12."""
+    arrivals = [("u10", 0), ("u2", 0), ("u1", 0), ("u11", 1), ("u0", 1), ("u9", 12)]
+    return [Request(rid, [257, 7, 7, 7], 3, arrival_step=step, ignore_eos=True) for rid, step in arrivals]
+
+
+def check_arrival_order(scheduler_cls) -> None:
+    requests = arrival_crowd()
+    label = "same-step arrivals whose ids do not sort in submit order (u10, u2, u1 at step 0; u11, u0 at step 1)"
+    with case(label):
+        referee = Referee(Guarded(scheduler_cls()), judge_continuous)
+        engine = serve(small_model("gqa"), referee, requests, slots=2, kv="paged", block_size=4)
         assert_served_everyone(engine, requests)
 
 
 def check_seed_story(scheduler_cls) -> None:
     """Worked out on paper from the story's reply lengths: the head of the queue takes a seat the step after
     its user's reply ends (every reply here takes one step per token, its EOS included)."""
-    story = run_seed_story(scheduler_cls(), judge_continuous)
+    story = run_seed_story(Guarded(scheduler_cls()), judge_continuous)
     free_at, leaving, expected, why = [0] * SEED_STORY_SLOTS, [None] * SEED_STORY_SLOTS, {}, {}
     for rid, _, steps in SEED_STORY:
         seat = min(range(SEED_STORY_SLOTS), key=lambda s: free_at[s])
@@ -141,6 +179,7 @@ def check_all(scheduler_cls) -> None:
     check_preemption(scheduler_cls)
     check_two_victims(scheduler_cls)
     check_exact_fits(scheduler_cls)
+    check_arrival_order(scheduler_cls)
     check_seed_story(scheduler_cls)
 
 
@@ -161,6 +200,10 @@ def test_blocks_that_suffice_exactly_are_enough(scheduler_cls):
     check_exact_fits(scheduler_cls)
 
 
+def test_same_step_arrivals_board_in_queue_order(scheduler_cls):
+    check_arrival_order(scheduler_cls)
+
+
 def test_the_seed_story_fills_each_seat_the_step_after_it_frees(scheduler_cls):
     check_seed_story(scheduler_cls)
 
@@ -174,13 +217,18 @@ class Continuous:
 
     def __init__(
         self, victim=-1, preempts=True, counts_growth=True, jumps_queue=False, per_step=None, waits=False, victims=None,
-        order="admission", strict=(), frees=True, victims_grow=False,
+        order="admission", strict=(), frees=True, victims_grow=False, pops=False, marks_seats=False,
+        first_token_block=False, queue="as-given", peeks=False,
     ):  # fmt: skip
         self.victim, self.preempts, self.counts_growth = victim, preempts, counts_growth
         self.jumps_queue, self.per_step, self.waits, self.max_victims = jumps_queue, per_step, waits, victims
         self.order, self.strict, self.frees, self.victims_grow = order, strict, frees, victims_grow
+        self.pops, self.marks_seats = pops, marks_seats
+        self.first_token_block, self.queue, self.peeks = first_token_block, queue, peeks
 
     def schedule(self, waiting: list[Request], seats: list[Request | None], kv: KVSpace) -> Plan:
+        if self.peeks:  # the head, read before asking if there is one (wrong)
+            kv.blocks_to_admit(waiting[0].tokens_in_cache_after_prefill)
         by = (lambda r: r.seat) if self.order == "seat" else (lambda r: r.admit_order)  # seat: wrong
         keep, victims, free = sorted((r for r in seats if r), key=by), [], kv.free_blocks
         running = list(keep)
@@ -195,9 +243,13 @@ class Continuous:
             free -= sum(kv.blocks_to_grow(r.seat) for r in (running if self.victims_grow else keep))
         if self.waits and keep:  # static in disguise
             return Plan(preempt=victims)
-        admit, seats_left = [], seats.count(None) + len(victims)
-        for r in waiting:
-            cost = kv.blocks_to_admit(r.tokens_in_cache_after_prefill)
+        if self.marks_seats:  # the victims' seats marked free in the caller's list, to count them (wrong)
+            for r in victims:
+                seats[seats.index(r)] = None
+        admit, seats_left = [], seats.count(None) + (0 if self.marks_seats else len(victims))
+        queue = sorted(waiting, key=lambda r: (r.arrival_step, r.id)) if self.queue == "arrival-then-id" else waiting
+        for r in list(queue):  # arrival-then-id: "oldest first, ties by id", but the queue is in order already (wrong)
+            cost = kv.blocks_to_admit(r.tokens_in_cache_after_prefill + self.first_token_block)  # +1: wrong
             if len(admit) == min(seats_left, self.per_step or seats_left):
                 break
             if "admission" in self.strict and cost >= free:
@@ -207,6 +259,8 @@ class Continuous:
                     continue  # let a smaller one behind it go first (wrong)
                 break
             admit.append(r)
+            if self.pops:  # off the caller's list, as if the queue were the policy's own (wrong)
+                waiting.remove(r)
             free -= cost
         return Plan(admit=admit, preempt=victims)
 
@@ -224,6 +278,24 @@ WRONG = {
     "preempts-when-growth-fits-exactly": dict(strict=("growth",)),
     "forgets-the-victims-blocks": dict(frees=False),
     "still-counts-the-victims-growth": dict(victims_grow=True),
+    # caught only by the arguments' check: the engine hands each policy copies, another caller may not
+    "pops-admitted-requests-off-the-queue": dict(pops=True),
+    "marks-the-victims-seats-free-in-the-seats-list": dict(marks_seats=True),
+    # caught by the tiny pool too (a preempted request re-admitted on a block boundary, or queued ahead of older
+    # arrivals), and named by a case of their own
+    "reserves-a-block-for-the-first-reply-token": dict(first_token_block=True),
+    "sorts-same-step-arrivals-by-id": dict(queue="arrival-then-id"),
+    "reads-the-head-of-an-empty-queue": dict(peeks=True),
+}
+NAMED_BY = {
+    "pops-admitted-requests-off-the-queue": "your schedule() changed the `waiting` list it was given",
+    "marks-the-victims-seats-free-in-the-seats-list": "your schedule() changed the `seats` list it was given",
+}
+ARRIVALS = "same-step arrivals whose ids do not sort in submit order"
+OWN_CASE = {  # mistake: the check whose case catches it, and how its failure begins
+    "reserves-a-block-for-the-first-reply-token": (check_exact_fits, "prompts that end exactly on a block boundary"),
+    "sorts-same-step-arrivals-by-id": (check_arrival_order, ARRIVALS),
+    "reads-the-head-of-an-empty-queue": (check_arrival_order, ARRIVALS),
 }
 
 
@@ -253,10 +325,97 @@ class ContinuousNewestFirst:
         return Plan(admit=admit, preempt=victims)
 
 
+class ContinuousWithAHeap:
+    """Right, written differently: the running requests in a heap, newest on top (heapq, by -admit_order); victims
+    popped while the growth of those left exceeds what is free; admissions in a while loop over an index."""
+
+    name, holds_finished_seats = "continuous-heap", False
+
+    def schedule(self, waiting, seats, kv):
+        heap = [(-r.admit_order, r.seat, r) for r in seats if r is not None]
+        heapq.heapify(heap)
+        free, victims = kv.free_blocks, []
+        while heap and sum(kv.blocks_to_grow(seat) for _, seat, _ in heap) > free:
+            _, seat, newest = heapq.heappop(heap)
+            victims.append(newest)
+            free += kv.blocks_held(seat)
+        free -= sum(kv.blocks_to_grow(seat) for _, seat, _ in heap)
+        cost = lambda r: kv.blocks_to_admit(r.tokens_in_cache_after_prefill)
+        seats_left, i = sum(r is None for r in seats) + len(victims), 0
+        while i < min(seats_left, len(waiting)) and cost(waiting[i]) <= free:
+            free -= cost(waiting[i])
+            i += 1
+        return Plan(admit=waiting[:i], preempt=victims)
+
+
+def newest_victims(running, kv) -> tuple[list, int]:
+    """The fewest newest running requests whose blocks leave room for the rest to grow, and the blocks then left."""
+    by_age, free = sorted(running, key=lambda r: r.admit_order), kv.free_blocks
+    for cut in range(len(by_age), -1, -1):  # keep the oldest `cut`
+        kept, gone = by_age[:cut], by_age[cut:]
+        left = free + sum(kv.blocks_held(r.seat) for r in gone) - sum(kv.blocks_to_grow(r.seat) for r in kept)
+        if left >= 0:
+            return gone[::-1], left
+    return by_age[::-1], free
+
+
+class ContinuousByCuts:
+    """Right, written differently: a helper function tries keeping the oldest n for n = all, all - 1, ..., and the
+    first n whose growth fits decides the victims (no loop state); admissions by a list comprehension's running sum."""
+
+    name, holds_finished_seats = "continuous-by-cuts", False
+
+    def schedule(self, waiting, seats, kv):
+        victims, free = newest_victims([r for r in seats if r is not None], kv)
+        costs = [kv.blocks_to_admit(r.tokens_in_cache_after_prefill) for r in waiting]
+        fits = [sum(costs[: i + 1]) <= free for i in range(len(costs))] + [False]
+        count = min(fits.index(False), seats.count(None) + len(victims))
+        return Plan(admit=waiting[:count], preempt=victims)
+
+
+CORRECT = {
+    "written-out": Continuous,
+    "newest-first-loop": ContinuousNewestFirst,
+    "a-heap": ContinuousWithAHeap,
+    "by-cuts": ContinuousByCuts,
+}
+
+
 @CHECKS
-@pytest.mark.parametrize("right", [Continuous, ContinuousNewestFirst], ids=["written-out", "newest-first-loop"])
+@pytest.mark.parametrize("right", CORRECT.values(), ids=CORRECT.keys())
 def test_a_correct_version_passes(right):
     check_all(right)
+
+
+@CHECKS
+@pytest.mark.parametrize("name", NAMED_BY)
+def test_an_argument_changed_is_named_first(name):
+    with pytest.raises(AssertionError) as failure:
+        check_all(lambda: Continuous(**WRONG[name]))
+    first = str(failure.value).splitlines()[0]
+    assert first.startswith("step ") and NAMED_BY[name] in first, first
+
+
+@CHECKS
+@pytest.mark.parametrize("name", OWN_CASE)
+def test_an_edge_mistake_is_named_by_its_own_case(name):
+    check, begins = OWN_CASE[name]
+    with pytest.raises(AssertionError) as failure:
+        check(lambda: Continuous(**WRONG[name]))
+    assert str(failure.value).startswith(begins), str(failure.value)
+
+
+@CHECKS
+def test_the_boundary_and_arrival_crowds_are_what_their_names_say():
+    referee = Referee(ContinuousScheduler(), judge_continuous)
+    serve(small_model("gqa"), referee, on_a_boundary(), slots=4, kv="paged", block_size=4, num_blocks=10)
+    first = referee.decisions[0]
+    assert first.admit == ["b0", "b1"] and first.cost == {"b0": 4, "b1": 6, "b2": 5} and first.free_blocks == 10
+    referee = Referee(ContinuousScheduler(), judge_continuous)
+    requests = arrival_crowd()
+    serve(small_model("gqa"), referee, requests, slots=2, kv="paged", block_size=4)
+    assert [r.admit_step for r in requests] == [0, 0, 3, 3, 6, 12]
+    assert any(not d.waiting and not d.running for d in referee.decisions), "a step with nobody waiting or running"
 
 
 @CHECKS
