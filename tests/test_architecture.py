@@ -15,8 +15,8 @@ import pytest
 PACKAGE = Path(__file__).resolve().parent.parent / "minillm"
 # A folder may import from folders on a lower floor (and from itself); the top-level config.py and errors.py
 # are the ground floor everyone stands on.
-FLOORS = {"errors": 0, "config": 0.5, "model": 1, "grammar": 1.5, "engine": 2, "training": 3, "card": 3, "runs": 4, "serving": 5,
-          "bench": 6, "cli": 7, "__main__": 8, "__init__": 8}  # fmt: skip
+FLOORS = {"errors": 0, "config": 0.5, "model": 1, "grammar": 1.5, "engine": 2, "training": 3, "card": 3, "parallel": 3,
+          "runs": 4, "serving": 5, "bench": 6, "cli": 7, "__main__": 8, "__init__": 8}  # fmt: skip
 CORE = ("engine", "model")
 # The move (issue 18) left the core at 1,882 lines of its ~1,900. What came after, each asked for by an issue: the
 # allocator's debug mode and events, one live request per id, prefixes shared mid-prefill (issue 25); KV freed
@@ -29,8 +29,11 @@ CORE = ("engine", "model")
 # the mask and the rejection rule of speculative sampling in sampler.py, draws from each request's own streams
 # (batch invariance), guesses per logit position in packing, constraints in the plain loop: 2,434. The compilers
 # (regex, automaton, JSON schema) live beside the core in grammar/, which the core does not import but for DEAD.
+# Issue 30 (tensor parallelism) opened a seam in the core: a step planned from given block tables (a worker plans
+# rank 0's step: kv_cache.plan_rows), the runner's prepare apart from its forward, make_cache for any heads: 2,454.
+# The ranks themselves live above the core in parallel/.
 # Growing past this is a decision, made here with its reason, not a drift.
-CORE_MAX_LINES = 2_440
+CORE_MAX_LINES = 2_460
 FILE_MAX_LINES = 300
 
 

@@ -63,17 +63,19 @@ def reference(prompt: tuple[int, ...], max_new_tokens: int, ignore_eos: bool) ->
 
 
 @torch.no_grad()
-def tie_at(prompt: list[int], reply: list[int], ignore_eos: bool) -> bool:
-    """Do the no-cache loop's two best next tokens after prompt + reply tie?"""
+def tie_at(prompt: list[int], reply: list[int], ignore_eos: bool, tie: float = TIE) -> bool:
+    """Do the no-cache loop's two best next tokens after prompt + reply tie (within `tie`)?"""
     logits = model()(torch.tensor([prompt + reply]), last_only=True)[0, -1]  # (V,)
     if ignore_eos:
         logits[EOS] = -math.inf
     first, second = logits.topk(2).values.tolist()
-    return first - second <= TIE
+    return first - second <= tie
 
 
-def draw_workload(rng: random.Random):
-    """An engine and its requests, with the steps at which to abort some of them and to resubmit a live id."""
+def draw_workload(rng: random.Random, runner=None):
+    """An engine and its requests, with the steps at which to abort some of them and to resubmit a live id.
+    runner: what the engine runs the model on (default: the model on this process; a tensor-parallel runner's
+    tests pass theirs)."""
     kv = rng.choice(["paged", "paged", "contiguous"])
     block_size, slots = rng.randint(1, 16), rng.choice([1, 2, 3, 4, 4])
     budget = rng.choice([0, 1, rng.randint(2, 12), rng.randint(13, 64)])
@@ -93,7 +95,7 @@ def draw_workload(rng: random.Random):
                        record_blocks=rng.random() < 0.3, speculate=speculate,
                        drafter="ngram" if drafter == "ngram" else "model")  # fmt: skip
     policy = SCHEDULERS[rng.choice(["static", "continuous"])](token_budget=budget)
-    engine = Engine(model(), policy, cfg, draft=drafts().get(drafter))
+    engine = Engine(runner or model(), policy, cfg, draft=drafts().get(drafter))
     aborts = sorted(rng.randint(0, 30) for _ in range(rng.choice([0, 0, 1, 2, 3])))  # steps to abort someone at
     resubmit = rng.randint(0, 20) if rng.random() < 0.2 else None
     return engine, requests, aborts, resubmit
@@ -118,7 +120,7 @@ def check_every_step(engine: Engine, requests: list[Request]) -> None:
             assert drafter.cache.lengths[r.seat] < r.num_tokens, f"{r.id}: the draft's cache holds its last token"
 
 
-def check_the_end(engine: Engine, requests: list[Request], counts: Counter) -> None:
+def check_the_end(engine: Engine, requests: list[Request], counts: Counter, tie: float = TIE) -> None:
     assert all(r.is_finished for r in requests), "the engine stopped with requests unfinished"
     if engine.cfg.kv == "paged":
         alloc = engine.cache.allocator
@@ -142,16 +144,16 @@ def check_the_end(engine: Engine, requests: list[Request], counts: Counter) -> N
             expected = expected[: len(r.output_ids)]  # as far as it got
         if r.output_ids != expected:
             part = next(i for i, (a, b) in enumerate(zip(r.output_ids + [None], expected + [None])) if a != b)
-            assert tie_at(r.prompt_ids, expected[:part], r.ignore_eos), (
+            assert tie_at(r.prompt_ids, expected[:part], r.ignore_eos, tie), (
                 f"{r.id} ({r.finish_reason}) parts from the no-cache loop at reply token {part}: "
                 f"{r.output_ids} vs {expected}"
             )
             counts["ties"] += 1
 
 
-def run_workload(seed: int, counts: Counter) -> None:
+def run_workload(seed: int, counts: Counter, runner=None, tie: float = TIE) -> None:
     rng = random.Random(seed)
-    engine, requests, aborts, resubmit = draw_workload(rng)
+    engine, requests, aborts, resubmit = draw_workload(rng, runner)
     for r in requests:
         engine.submit(r)
     while engine.has_work():
@@ -173,7 +175,7 @@ def run_workload(seed: int, counts: Counter) -> None:
         engine.step()
         check_every_step(engine, requests)
         assert engine.step_no < 5000, "the engine is going round in circles"
-    check_the_end(engine, requests, counts)
+    check_the_end(engine, requests, counts, tie)
     counts["workloads"] += 1
 
 

@@ -46,6 +46,9 @@ def cmd_run(args: argparse.Namespace) -> None:
             f"({', '.join(SIMULATED_WORKLOADS)}), not of {args.workload}: e.g. --simulate llama-3.1-8b "
             "--workload azure-conv --prompt-len 128 --reply-len 128"
         )
+    if args.simulate and args.tp > 1:
+        raise ConfigError("--tp splits the tiny model across processes here; a real model's tensor parallelism on "
+                          "real cards is priced by `whatif --tp N` instead")  # fmt: skip
     model = simulated_runner(args) if args.simulate else load_model_from(args)
     knobs = ChatKnobs(requests=args.requests, rate=args.rate, spread=args.spread, force_lengths=args.force_lengths,
                       rate_per_s=args.rate_per_s, prompt_len=args.prompt_len, reply_len=args.reply_len)  # fmt: skip
@@ -54,7 +57,7 @@ def cmd_run(args: argparse.Namespace) -> None:
         model, args.workload, args.scheduler, args.kv, args.slots, args.num_blocks, args.block_size, knobs,
         args.seed, progress=not args.json, token_budget=args.token_budget, prefix_caching=args.prefix_caching,
         sampling=Sampling(args.temperature, args.top_p, args.top_k) if args.temperature > 0 else None,
-        speculate=args.speculate, drafter=args.drafter,
+        speculate=args.speculate, drafter=args.drafter, tp=args.tp,
     )  # fmt: skip
     if args.trace:
         trace.save(args.trace)
@@ -77,6 +80,7 @@ def simulated_runner(args: argparse.Namespace):
 
 def run_summary_text(args: argparse.Namespace, cfg: dict, summary: dict) -> str:
     where = f"{cfg['model']} on a simulated {cfg['gpu']}" if args.simulate else "the tiny model"
+    where += f" split across {cfg['tp']} processes: tensor parallel" if cfg.get("tp", 1) > 1 else ""
     budget = cfg["token_budget"] or "no"
     ms = lambda key: "–" if summary[key] is None else f"{1000 * summary[key]:.0f} ms"
     lines = [
@@ -164,6 +168,12 @@ def add_commands(sub) -> None:
     p.add_argument("--speculate", type=non_negative_int, default=0, metavar="K",
                    help="speculative decoding: each decoding user guesses K tokens a step for the model to check "
                    "(greedy replies stay exact; default 0: off)")  # fmt: skip
+    p.add_argument(
+        "--tp",
+        type=positive_int,
+        default=1,
+        help="tensor parallelism: split the model across this many processes (torch.distributed; gloo on a CPU)",
+    )
     p.add_argument("--drafter", default="model", choices=["model", "ngram"],
                    help="who guesses: the shipped draft model, or prompt lookup (no model)")  # fmt: skip
     p.add_argument("--requests", type=positive_int, default=32, help="how many users (not seed-story)")

@@ -67,6 +67,12 @@ class ContiguousKVCache:
         starts = [self.lengths[s] for s in seats]
         for seat, n in zip(seats, counts):
             self.lengths[seat] += n
+        return self.plan_rows(seats, starts, num_new, padding_rows)
+
+    def plan_rows(self, seats: list[int], starts: list[int], num_new: int | list[int], padding_rows: int = 0):
+        """Plan a step whose rows start at `starts` of their seats' rows (prepare, or a tensor-parallel worker given
+        the plan by rank 0: parallel/worker.py). Returns the new tokens' positions."""
+        counts = row_counts(seats, num_new)
         span = max(start + n for start, n in zip(starts, counts))  # the longest context: keys each row reads
         plan = self.plan = StepPlan(seats, starts, num_new, padding_rows, span, self.k.device)
         seat_of_token = torch.tensor([plan.seats[r] for r in plan.row_of_token], device=self.k.device)
@@ -180,9 +186,15 @@ class PagedKVCache(PagedKVBooks):
         """Give each seat blocks for its new tokens; plan the step: block tables, slot mapping, masks. Returns the
         new tokens' positions: (B, T) when num_new is one number, else (1, N) with the rows laid end to end."""
         starts = super().prepare(seats, num_new, padding_rows)
-        width = max(len(self.allocator.tables[seat]) for seat in seats)  # blocks of the longest row
+        return self.plan_rows(seats, starts, num_new, padding_rows, self.allocator.tables)
+
+    def plan_rows(self, seats: list[int], starts: list[int], num_new: int | list[int], padding_rows: int,
+                  tables: dict[int, list[int]]) -> torch.Tensor:  # fmt: skip
+        """Plan a step from its rows' block tables (prepare, or a tensor-parallel worker given the tables by rank 0:
+        parallel/worker.py): slot mapping, masks, each group's blocks. Returns the new tokens' positions."""
+        width = max(len(tables[seat]) for seat in seats)  # blocks of the longest row
         plan = self.plan = StepPlan(seats, starts, num_new, padding_rows, width * self.block_size, self.k.device)
-        tables = [self.allocator.tables[seat] for seat in plan.seats]  # each padded to `width` with block 0: masked
+        tables = [tables[seat] for seat in plan.seats]  # each padded to `width` with block 0: masked
         padded = torch.tensor([t + [0] * (width - len(t)) for t in tables], device=self.k.device)  # (R, max_blocks)
         if plan.rectangle:  # T positions on each row's table
             slots = slot_mapping(padded, plan.positions, self.block_size)

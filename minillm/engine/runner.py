@@ -41,25 +41,33 @@ class ModelRunner:
         self.model = model.eval()
         self.device = next(model.parameters()).device
         self.vocab_size, self.max_len = model.cfg.vocab_size, model.cfg.max_seq_len
+        self.kv_cfg = model.cfg  # the heads this runner's cache holds (a tensor-parallel rank: its own share)
         self.clock = WallClock()
 
     def make_cache(self, cfg: EngineConfig, max_len: int) -> ContiguousKVCache | PagedKVCache:
-        if cfg.kv == "contiguous":  # (EngineConfig refuses prefix caching on it)
-            return ContiguousKVCache(self.model.cfg, cfg.slots, max_len, device=self.device, block_size=cfg.block_size)
-        num_blocks = cfg.num_blocks or cfg.slots * -(-max_len // cfg.block_size)
-        return PagedKVCache(
-            self.model.cfg, num_blocks, cfg.block_size, device=self.device, prefix_caching=cfg.prefix_caching
-        )
+        return make_cache(self.kv_cfg, cfg, max_len, self.device)
+
+    def prepare(self, batch: Batch, cache: ContiguousKVCache | PagedKVCache) -> torch.Tensor:
+        """The cache makes room for the rows' new tokens and plans the step; returns their positions."""
+        same = len(set(batch.counts)) == 1  # every row runs T tokens: a (B, T) rectangle, attending as one group
+        return cache.prepare(batch.seats, batch.counts[0] if same else batch.counts, batch.padding_rows)
 
     @torch.no_grad()
     def run(self, batch: Batch, cache: ContiguousKVCache | PagedKVCache) -> list[int]:
         """One forward over the batch; returns the next token of each row that samples, in row order (a row that
         verifies drafts gets one after each of its tokens: speculate.py)."""
-        same = len(set(batch.counts)) == 1  # every row runs T tokens: a (B, T) rectangle, attending as one group
-        positions = cache.prepare(batch.seats, batch.counts[0] if same else batch.counts, batch.padding_rows)
+        positions = self.prepare(batch, cache)
         tokens = torch.tensor(batch.token_ids, device=self.device).view(positions.shape)  # (B, T), else (1, N)
         at = torch.tensor(batch.logit_index, dtype=torch.long, device=self.device)  # (R,) where a token is picked
         logits = self.model(tokens, positions, cache, logits_at=at)  # (R, V)
         masks = logit_masks(batch, logits.shape[-1], self.device)  # (R, V) constrained rows' allowed tokens, or None
         batch.allowed = allowed_counts(batch)  # (for the trace)
         return sample(logits, [batch.requests[i] for i in batch.logit_rows], masks, batch.guesses())
+
+
+def make_cache(model_cfg, cfg: EngineConfig, max_len: int, device) -> ContiguousKVCache | PagedKVCache:
+    """The KV cache an engine config asks for, for a model of `model_cfg`'s heads and layers."""
+    if cfg.kv == "contiguous":  # (EngineConfig refuses prefix caching on it)
+        return ContiguousKVCache(model_cfg, cfg.slots, max_len, device=device, block_size=cfg.block_size)
+    num_blocks = cfg.num_blocks or cfg.slots * -(-max_len // cfg.block_size)
+    return PagedKVCache(model_cfg, num_blocks, cfg.block_size, device=device, prefix_caching=cfg.prefix_caching)

@@ -16,8 +16,13 @@ from minillm.runs.workload import SEED_STORY_SLOTS, ChatKnobs, make_workload
 def run_workload(model: Transformer | SimulatedRunner, workload: str = "seed-story", *args, progress: bool = False,
                  **kwargs) -> Trace:  # fmt: skip
     """Build the workload, submit it all, run the engine until every request is done; return the trace.
-    The arguments are workload_engine's."""
-    return workload_engine(model, workload, *args, **kwargs).run(progress=progress)
+    The arguments are workload_engine's (tp > 1: the model split across that many processes, stopped after)."""
+    engine = workload_engine(model, workload, *args, **kwargs)
+    try:
+        return engine.run(progress=progress)
+    finally:
+        if hasattr(engine.runner, "close"):  # (a tensor-parallel runner: its worker processes end here)
+            engine.runner.close()
 
 
 def workload_engine(
@@ -36,6 +41,7 @@ def workload_engine(
     speculate: int = 0,
     drafter: str = "model",
     draft: Transformer | None = None,
+    tp: int = 1,
 ) -> Engine:
     """The engine with the workload submitted, ready to run (run_workload runs it; the app's what-if view steps it
     itself, to stop a long simulation early).
@@ -50,6 +56,8 @@ def workload_engine(
     `seed`, so the same run gives the same replies.
     speculate: draft tokens a decoding request guesses per step (0: off), by `drafter` ("model": `draft`, by
     default the shipped draft model; "ngram": prompt lookup), see engine/speculate.py.
+    tp: tensor-parallel ranks the model is split across (parallel/: worker processes; the caller closes
+    engine.runner when done, as run_workload does).
     """
     if token_budget is None:
         simulated = isinstance(model, SimulatedRunner)
@@ -68,6 +76,10 @@ def workload_engine(
     slots = slots or (SEED_STORY_SLOTS if workload == "seed-story" else 8)
     cfg = EngineConfig(slots=slots, kv=kv, block_size=block_size, num_blocks=num_blocks,
                        prefix_caching=prefix_caching, speculate=speculate, drafter=drafter, **extra)  # fmt: skip
+    if tp > 1:
+        from minillm.parallel.runner import ShardedRunner
+
+        model, meta = ShardedRunner(model, tp), meta | {"tp": tp}
     engine = Engine(model, policy, cfg, meta=meta, draft=draft)
     for request in requests:
         engine.submit(request)
