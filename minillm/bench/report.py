@@ -202,4 +202,8 @@ def markdown(results: dict, command: str, plot_dir: str | None = None) -> str:
         from minillm.bench.report_speculation import markdown as speculation_markdown
 
         lines += speculation_markdown(results["speculation"], img)
+    if "tp" in results:
+        from minillm.bench.tensor_parallel import markdown as tp_markdown
+
+        lines += tp_markdown(results["tp"], img)
     return "\n".join(lines)
