@@ -85,6 +85,20 @@ def pytest_configure(config):
     config.option.tbstyle = "no"  # pytest's own failure section: the diagnosis is printed below instead
     reporter.reportchars = ""  # no short summary or warnings: the lesson summary says where each lesson stands
     reporter._show_progress_info = False  # no "[100%]"
+    reporter._tw.line = without_first_blank(reporter._tw.line)  # the diagnosis on the very first line
+
+
+def without_first_blank(line):
+    """The terminal writer's line(), less the empty line pytest writes to end a row of progress dots (a brief run
+    has none, so it would be the output's first line)."""
+    state = {"first": True}
+
+    def write(text: str = "", **markup):
+        first, state["first"] = state["first"], False
+        if not (first and text == ""):
+            line(text, **markup)
+
+    return write
 
 
 @pytest.hookimpl(wrapper=True)
@@ -132,6 +146,8 @@ def context(item, excinfo) -> str:
             statement = str(entry.statement).strip().splitlines()[0] if entry.statement else ""
             where = f"your {path.name}, line {entry.lineno + 1}: {statement}"
     ours = [entry for entry in excinfo.traceback if "_pytest" not in Path(str(entry.path)).parts]  # not pytest.fail
+    checks = [entry for entry in ours if Path(str(entry.path)).name.startswith("test_")]  # the check, not the harness
+    ours = checks or ours
     if not where and ours:
         last = ours[-1]
         try:

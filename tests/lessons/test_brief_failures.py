@@ -98,7 +98,7 @@ def run_check(tmp_path: Path, lesson: str, module: str, source: str, *options: s
     env.pop("PYTEST_ADDOPTS", None)
     command = [sys.executable, "-m", "pytest", "-m", f"lesson{lesson}", "-p", "no:cacheprovider", *options]
     done = subprocess.run(command, cwd=ROOT, env=env, capture_output=True, text=True, timeout=300)
-    return done.returncode, (done.stdout + done.stderr).strip().splitlines()
+    return done.returncode, (done.stdout + done.stderr).rstrip().splitlines()  # (a blank first line would show)
 
 
 @CHECKS
