@@ -100,23 +100,28 @@ def draw(logits: torch.Tensor, s: Sampling, position: int, seed: int | None = No
 
 
 def keep_or_resample(p: torch.Tensor, guess: int, q: torch.Tensor | None, seed: int | None, position: int) -> int:
-    """The rejection rule at one guessed position. p (V,): the model's distribution; q (V,): the drafter's, the guess
-    drawn from it (None: the guess was certain, as prompt lookup's is: q is all on it). Keep the guess with
-    probability min(1, p[guess] / q[guess]); else draw from max(0, p - q), normalised (never the guess: a guess is
-    only rejected where q gives it more than p does)."""
-    p = p.cpu()
-    q_guess = 1.0 if q is None else float(q[guess])
+    """The rejection rule at one guessed position, with this position's random numbers (its own generators)."""
     u = torch.rand((), dtype=torch.float64, generator=generator(seed, position, ACCEPT)).item()
+    draw = lambda dist: torch.multinomial(dist, 1, generator=generator(seed, position, RESIDUAL)).item()
+    return rejection_rule(p.cpu(), None if q is None else q.cpu().to(p.dtype), guess, u, draw)
+
+
+def rejection_rule(p: torch.Tensor, q: torch.Tensor | None, guess: int, u: float, draw) -> int:
+    """p (V,): the model's distribution; q (V,): the drafter's, the guess drawn from it (None: the guess was certain,
+    as prompt lookup's is: q is all on it); u uniform in [0, 1); draw(dist): a token drawn from dist (V,). Keep the
+    guess with probability min(1, p[guess] / q[guess]); else draw from max(0, p - q), normalised (never the guess: a
+    guess is only rejected where q gives it more than p does). Lesson 14's exercise is this function."""
+    q_guess = 1.0 if q is None else float(q[guess])
     if u * q_guess < float(p[guess]):
         return guess
     if q is None:
         residual = p.clone()
         residual[guess] = 0.0
     else:
-        residual = (p - q.cpu().to(p.dtype)).clamp(min=0.0)
+        residual = (p - q).clamp(min=0.0)
     if not residual.sum() > 0:  # (p equals q up to rounding: nothing is left to draw from but p)
-        residual = p
-    return torch.multinomial(residual, 1, generator=generator(seed, position, RESIDUAL)).item()
+        residual = p.clone()
+    return draw(residual / residual.sum())
 
 
 def draft_picks(logits: torch.Tensor, requests: list, positions: list[int], masks: torch.Tensor | None,
