@@ -119,7 +119,9 @@ def test_any_json_object_nests_a_few_levels():
 @pytest.mark.parametrize(
     "schema, needle",
     [({"type": "string", "pattern": "a+"}, "'pattern'"), ({"type": "integer", "minimum": 0}, "'minimum'"),
-     ({"anyOf": [{"type": "string"}]}, "no 'type'"), ({"type": "object", "properties": {"a": {"type": "string"}}},
+     ({"anyOf": [{"type": "string"}]}, "'anyOf'"), ({"title": "x"}, "no 'type'"), ({"type": {}}, "type {}"),
+     ({"type": "object", "properties": {}, "required": "ab"}, "list of property names"),
+     ({"enum": [float("inf")]}, "not a JSON value"), ({"type": "object", "properties": {"a": {"type": "string"}}},
      "'a' is not in 'required'"), ({"type": "date"}, "type 'date'"), ({"type": "array"}, "needs 'items'"),
      ({"type": "object", "properties": {}, "additionalProperties": True}, "additionalProperties"),
      ({"type": "object", "properties": {"a": {"$ref": "#/x", "type": "string"}}, "required": ["a"]}, "$ref"),

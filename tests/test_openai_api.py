@@ -154,7 +154,7 @@ def test_top_logprobs_needs_logprobs_and_at_most_5(server, client):
 
 # --- what the server cannot do: refused, never dropped ------------------------------------------------
 REFUSED = {"echo": True, "tools": [{"type": "function", "function": {"name": "f"}}], "tool_choice": "required",
-           "response_format": {"type": "json_object"}, "presence_penalty": 0.5, "frequency_penalty": 1,
+           "response_format": {"type": "xml"}, "presence_penalty": 0.5, "frequency_penalty": 1,
            "logit_bias": {"50": 10}, "n": 2, "best_of": 3, "suffix": "!", "unknown_option": 1}  # fmt: skip
 
 

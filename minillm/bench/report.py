@@ -202,6 +202,10 @@ def markdown(results: dict, command: str, plot_dir: str | None = None) -> str:
         from minillm.bench.report_speculation import markdown as speculation_markdown
 
         lines += speculation_markdown(results["speculation"], img)
+    if "structured" in results:
+        from minillm.bench.structured import markdown as structured_markdown
+
+        lines += structured_markdown(results["structured"])
     if "tp" in results:
         from minillm.bench.tensor_parallel import markdown as tp_markdown
 

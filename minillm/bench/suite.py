@@ -16,6 +16,7 @@ from minillm.bench.roofline import bench_roofline
 from minillm.bench.scheduling import BENCHES as SCHEDULING_BENCHES
 from minillm.bench.server import bench_server, bench_transformers_server
 from minillm.bench.speculation import bench_speculation
+from minillm.bench.structured import bench_structured
 from minillm.bench.tensor_parallel import bench_tensor_parallel
 from minillm.bench.versus import bench_vs_transformers
 from minillm.model.transformer import Transformer
@@ -37,6 +38,7 @@ BENCHES = (
         "server": bench_server,
         "transformers_server": bench_transformers_server,
         "speculation": bench_speculation,
+        "structured": bench_structured,
         "tp": bench_tensor_parallel,
     }
 )

@@ -23,10 +23,11 @@ def cmd_serve(args: argparse.Namespace) -> None:
     model = load_model_from(args)  # (on one torch thread unless --threads says otherwise: see main())
     loop = build_loop(model, args.scheduler, args.kv, args.slots, args.num_blocks, args.block_size, args.token_budget,
                       args.prefix_caching, args.max_waiting, args.keep_steps, stream_interval=args.stream_interval,
-                      process=args.engine == "process")  # fmt: skip
+                      process=args.engine == "process", tp=args.tp)  # fmt: skip
     where = f"http://{args.host}:{args.port}/v1"
+    split = f", the model split across {args.tp} processes" if args.tp > 1 else ""
     print(f"minillm serving on {where} ({args.scheduler} batching, {args.slots} seats, {args.kv} KV, the engine in a "
-          f"{args.engine} of its own); Ctrl-C stops", flush=True)  # fmt: skip
+          f"{args.engine} of its own{split}); Ctrl-C stops", flush=True)  # fmt: skip
     print(f"  try: curl {where}/chat/completions -H 'Content-Type: application/json' "
           """-d '{"messages": [{"role": "user", "content": "count down from 12"}]}'""")  # fmt: skip
     if args.host != LOOPBACK:
@@ -103,6 +104,12 @@ def add_commands(sub) -> None:
                    help="a bigger request body is refused (413) before it is read")  # fmt: skip
     p.add_argument("--drain-s", type=non_negative_float, default=10.0,
                    help="on Ctrl-C or SIGTERM: seconds the replies in flight get to finish (then: abort)")  # fmt: skip
+    p.add_argument(
+        "--tp",
+        type=positive_int,
+        default=1,
+        help="tensor parallelism: split the model across this many processes (torch.distributed; gloo on a CPU)",
+    )
     p.add_argument("--engine", default="process", choices=["process", "thread"],
                    help="process: the engine in a process of its own (the HTTP side never waits on a step); thread: on "
                    "a thread of the server's process, sharing its interpreter lock (lesson 10 compares)")  # fmt: skip

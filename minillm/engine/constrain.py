@@ -60,7 +60,7 @@ def draft_masks(requests: list[Request], drafts: list[list[int]], vocab: int, de
 def allowed_counts(batch: Batch) -> dict[str, int]:
     """For the trace: how many tokens each constrained row that picks this step could pick first."""
     return {
-        r.id: int(r.constraint.allowed(r.constraint_state).sum())
+        r.id: r.constraint.allowed_count(r.constraint_state)
         for r in batch.sampled
         if r.constraint is not None and r.constraint_state != DEAD
     }

@@ -22,6 +22,11 @@ MAX_STATES = 2_000  # a DFA this big is a pattern written to hurt: refused with 
 DEAD = -1  # no move: the byte is not allowed here
 
 
+def too_large() -> RegexError:
+    return RegexError(f"the pattern is too large: its automaton needs more than {MAX_STATES} states, the limit is "
+                      f"{MAX_STATES} (a simpler pattern, or a schema with fewer or shorter fields)")  # fmt: skip
+
+
 class Nfa:
     """States 0..n-1; `moves[s]` lists (bytes, target); `empty[s]` the targets reached without reading a byte."""
 
@@ -31,7 +36,7 @@ class Nfa:
 
     def state(self) -> int:
         if len(self.moves) > 50 * MAX_STATES:
-            raise RegexError(f"the pattern is too large: its automaton would exceed {MAX_STATES} states")
+            raise too_large()
         self.moves.append([])
         self.empty.append([])
         return len(self.moves) - 1
@@ -116,7 +121,7 @@ def subsets(nfa: Nfa, start: int, accept: int) -> tuple[np.ndarray, np.ndarray]:
             state = nfa.closure(reached)
             if state not in index:
                 if len(order) >= 5 * MAX_STATES:
-                    raise RegexError(f"the pattern is too large: its automaton would exceed {MAX_STATES} states")
+                    raise too_large()
                 index[state] = len(order)
                 order.append(state)
             row[members] = index[state]
@@ -143,16 +148,20 @@ def prune(moves: np.ndarray, accepting: np.ndarray) -> tuple[np.ndarray, np.ndar
 
 def minimize(moves: np.ndarray, accepting: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
     """Merge states with the same future (Moore): refine classes by (class, the classes each byte leads to) until
-    no class splits. Classes are numbered by their first state, so the start (state 0) stays 0."""
+    no class splits. Bytes that every state treats alike are one column. Classes only ever split, so a count past
+    MAX_STATES is refused at once. Classes are numbered by their first state, so the start (state 0) stays 0."""
+    columns = np.unique(moves, axis=1)  # (S, C): a column per byte class (their order does not matter here)
     classes, count = accepting.astype(np.int64), -1
     while True:
-        targets = np.where(moves >= 0, classes[np.maximum(moves, 0)], DEAD)  # (S, 256)
+        targets = np.where(columns >= 0, classes[np.maximum(columns, 0)], DEAD)  # (S, C)
         signature = np.concatenate([classes[:, None], targets], axis=1)
-        labels: dict[bytes, int] = {}
-        refined = np.array([labels.setdefault(row.tobytes(), len(labels)) for row in signature])
-        if len(labels) == count:
+        _, first, refined = np.unique(signature, axis=0, return_index=True, return_inverse=True)
+        refined = np.argsort(np.argsort(first))[refined.reshape(-1)]  # renumbered by first state: the start is 0
+        if refined.max() + 1 > MAX_STATES:
+            raise too_large()
+        if refined.max() + 1 == count:
             break
-        classes, count = refined, len(labels)
+        classes, count = refined, refined.max() + 1
     first = np.unique(classes, return_index=True)[1]  # the first state of each class, in class order
     merged = np.where(moves[first] >= 0, classes[np.maximum(moves[first], 0)], DEAD)
     return merged, accepting[first]
@@ -163,9 +172,10 @@ class Dfa:
 
     def __init__(self, moves: np.ndarray, accepting: np.ndarray, pattern: str = ""):
         if len(moves) > MAX_STATES:
-            raise RegexError(f"the pattern is too large: {len(moves)} states, the limit is {MAX_STATES}")
+            raise too_large()
         self.moves, self.accepting, self.pattern = moves, accepting, pattern  # (S, 256), (S,)
         self._masks: dict[tuple[int, str], torch.Tensor] = {}  # (state, device) -> mask, built once per state
+        self._counts: dict[int, int] = {}
 
     @classmethod
     def from_regex(cls, pattern: str) -> Dfa:
@@ -198,6 +208,12 @@ class Dfa:
             allowed[:256] = self.moves[state] >= 0
             allowed[EOS] = self.accepting[state]
         return allowed
+
+    def allowed_count(self, state: int) -> int:
+        """How many tokens may come next from `state` (the trace records it per step: kept per state)."""
+        if state not in self._counts:
+            self._counts[state] = int(self.allowed(state).sum())
+        return self._counts[state]
 
     def mask(self, state: int, device="cpu") -> torch.Tensor:
         """allowed(state) as a torch bool tensor on `device`, built on the CPU once per state and kept."""

@@ -57,7 +57,10 @@ def escape(text: str) -> str:
 
 def literal(value) -> str:
     """A JSON value written exactly as json.dumps writes it, as a regex."""
-    return escape(json.dumps(value, ensure_ascii=True))
+    try:
+        return escape(json.dumps(value, ensure_ascii=True, allow_nan=False))
+    except ValueError:  # (NaN and Infinity: Python's json reads them, but they are not JSON)
+        raise SchemaError(f"{value!r} is not a JSON value (NaN and Infinity are not JSON)") from None
 
 
 def string(low: int = 0, high: int | None = None) -> str:
@@ -78,12 +81,15 @@ def schema_regex(schema, where: str = "the schema") -> str:
         return "(" + "|".join(literal(v) for v in values) + ")"
     kinds = schema.get("type")
     if kinds is None:
+        unknown = sorted(set(schema) - IGNORED - {"type"})
+        if unknown:  # (anyOf, $ref, ...: name the keyword the subset cannot keep, not the missing type)
+            raise SchemaError(f"{where}: the keyword {unknown[0]!r} is not supported (give a 'type' or an enum)")
         raise SchemaError(f"{where} has no 'type' (give one of {sorted(ALLOWED)}, or an enum)")
     if isinstance(kinds, list):
         if not kinds:
             raise SchemaError(f"{where}: 'type' is an empty list")
         return "(" + "|".join(schema_regex(schema | {"type": kind}, where) for kind in kinds) + ")"
-    if kinds not in ALLOWED:
+    if not isinstance(kinds, str) or kinds not in ALLOWED:
         raise SchemaError(f"{where}: type {kinds!r} is not supported (supported: {', '.join(sorted(ALLOWED))})")
     unsupported = set(schema) - ALLOWED[kinds] - IGNORED
     if unsupported:
@@ -125,6 +131,8 @@ def object_regex(schema: dict, where: str) -> str:
     if not isinstance(properties, dict):
         raise SchemaError(f"{where}: 'properties' must map names to schemas")
     required = schema.get("required", [])
+    if not isinstance(required, list) or not all(isinstance(name, str) for name in required):
+        raise SchemaError(f"{where}: 'required' must be a list of property names")
     missing = [name for name in properties if name not in required]
     if missing:
         raise SchemaError(f"{where}: property {missing[0]!r} is not in 'required': list every property there (optional "

@@ -8,9 +8,10 @@ the serve loop (serve_loop.py, unchanged) runs in a child process, and the two t
     engine -> HTTP process      ("events", step, [(id, kind, tokens, detail, status, logprobs), ...])  once a step
                                 ("answer", n, ok, value)   ("died", why)
 
-Each message is a small tuple, pickled. On the HTTP side the server's event loop itself reads the pipe when it
-has something (no thread in between: one wake-up per step) and hands each step's events to their streams;
-started outside an event loop (a test, a notebook), a reader thread does the same. A question
+Each message is a small tuple, pickled (a constrained request's automaton crosses once per pattern: automata.py).
+On the HTTP side the server's event loop itself reads the pipe when it has something (no thread in between: one
+wake-up per step) and hands each step's events to their streams; started outside an event loop (a test, a
+notebook), a reader thread does the same. A question
 asked of the engine (ask) must be picklable: a module-level function, not a lambda. The child ignores Ctrl-C
 (the terminal sends it to every process of the server): the HTTP side decides when to stop, and the child ends
 when told to, or when its pipe closes because the server is gone.
@@ -19,6 +20,7 @@ when told to, or when its pipe closes because the server is gone.
 from __future__ import annotations
 
 import asyncio
+import atexit
 import multiprocessing
 import os
 import queue
@@ -32,7 +34,8 @@ from safetensors.torch import load as load_tensors
 from safetensors.torch import save as save_tensors
 
 from minillm.config import EngineConfig
-from minillm.errors import ConfigError
+from minillm.errors import ConfigError, MinillmError
+from minillm.serving.automata import Automata
 from minillm.serving.serve_loop import LoopHandle
 from minillm.serving.token_stream import Event, deliver
 
@@ -42,21 +45,28 @@ START_TIMEOUT_S = 120.0  # a fresh process imports torch and loads the model: se
 class EngineProcess(LoopHandle):
     """A serve loop in a child process; the same methods as ServeLoop (LoopHandle), callable from any thread."""
 
-    def __init__(self, model: torch.nn.Module, scheduler: str, token_budget: int, cfg: EngineConfig, **loop_args):
+    def __init__(self, model: torch.nn.Module, scheduler: str, token_budget: int, cfg: EngineConfig, tp: int = 1,
+                 **loop_args):  # fmt: skip
         """model: the Transformer to serve (its weights travel to the child once, as safetensors bytes);
+        tp: split it across that many processes (the engine's own and tp - 1 workers it starts: parallel/);
         loop_args: ServeLoop's (max_waiting, keep_steps, stream_interval)."""
         weights = save_tensors({k: v.detach().cpu().contiguous() for k, v in model.state_dict().items()})
         device = str(next(model.parameters()).device)
-        recipe = (model.cfg, weights, device, torch.get_num_threads(), scheduler, token_budget, cfg, loop_args)
+        recipe = (model.cfg, weights, device, torch.get_num_threads(), scheduler, token_budget, cfg, tp, loop_args)
         self.conn, child_end = multiprocessing.Pipe()
         context = multiprocessing.get_context("spawn")  # a fresh interpreter: no forked locks or torch threads
-        self.process = context.Process(target=run_engine, args=(child_end, recipe), name="minillm-engine", daemon=True)
+        # (a daemonic process may not start processes of its own: with workers, stop() at exit ends it instead)
+        self.process = context.Process(target=run_engine, args=(child_end, recipe), name="minillm-engine",
+                                       daemon=tp == 1)  # fmt: skip
+        if tp > 1:
+            atexit.register(self.stop)  # (runs before multiprocessing's exit handler, which would wait for it)
         self._child_end = child_end
         self.streams: dict[str, object] = {}  # request id -> its stream, until its last event
         self.answers: dict[int, Future] = {}
         self.asked = 0
         self.steps = 0
         self.error: str | None = None  # why the engine process died, if it did
+        self.automata = Automata()  # which automaton the child keeps in which slot
         self.max_len, self.config = cfg.max_len, {}
         self._lock = threading.Lock()  # handlers on the event loop and on worker threads all send
         self.event_loop: asyncio.AbstractEventLoop | None = None  # the loop that reads the pipe, if one does
@@ -84,6 +94,8 @@ class EngineProcess(LoopHandle):
         return self
 
     def stop(self, timeout: float = 10.0) -> None:
+        if self.conn.closed:  # (stopped already)
+            return
         if self.event_loop is not None:
             self.event_loop.remove_reader(self.conn.fileno())
         if self.process.is_alive():
@@ -102,7 +114,7 @@ class EngineProcess(LoopHandle):
         kind, *args = message
         if kind == "submit":  # the stream stays here; the engine names it by the request's id
             self.streams[args[0].id] = args[1]
-            message = ("submit", args[0])
+            message = ("submit", args[0])  # (its automaton is packed as it is sent: see below)
         elif kind in ("ask", "snapshot", "metrics"):  # the future stays here; the engine names it by a number
             with self._lock:
                 self.asked += 1
@@ -110,8 +122,8 @@ class EngineProcess(LoopHandle):
                 message = (kind, *args[:-1], self.asked)
         if self.error is None:
             try:
-                with self._lock:
-                    self.conn.send(message)
+                with self._lock:  # (packed under the lock: slots must be given in the order the child reads them)
+                    self.conn.send(("submit", self.automata.pack(message[1])) if kind == "submit" else message)
                 return
             except OSError as e:  # the engine process is gone, and the reader has not heard yet
                 self.error = f"the engine process is gone ({e})"
@@ -177,6 +189,7 @@ class PipeInbox:
 
     def __init__(self, conn: Connection):
         self.conn = conn
+        self.automata = Automata()  # the child's: slot -> Dfa
 
     def get(self) -> tuple:
         try:
@@ -192,7 +205,7 @@ class PipeInbox:
     def unpack(self, message: tuple) -> tuple:
         kind, *args = message
         if kind == "submit":
-            return ("submit", args[0], Outlet(args[0].id))
+            return ("submit", self.automata.unpack(args[0]), Outlet(args[0].id))
         if kind in ("ask", "snapshot", "metrics"):
             return (kind, *args[:-1], Answer(self.conn, args[-1]))
         return message
@@ -226,15 +239,24 @@ def run_engine(conn: Connection, recipe: tuple) -> None:
     from minillm.model.transformer import Transformer
     from minillm.serving.serve_loop import ServeLoop
 
-    model_cfg, weights, device, threads, scheduler, token_budget, cfg, loop_args = recipe
+    model_cfg, weights, device, threads, scheduler, token_budget, cfg, tp, loop_args = recipe
+    runner = None
     try:
         torch.set_num_threads(threads)
         torch.seed()  # unseeded sampling differs from one server to the next
         model = Transformer(model_cfg)
         model.load_state_dict(load_tensors(weights))
-        engine = Engine(model.to(device), SCHEDULERS[scheduler](token_budget=token_budget), cfg, {"workload": "live"})
+        runner = model.to(device)
+        if tp > 1:  # this process is rank 0: it starts the other ranks and hands them every step
+            from minillm.parallel.runner import ShardedRunner
+
+            runner = ShardedRunner(runner, tp)
+        meta = {"workload": "live"} | ({"tp": tp} if tp > 1 else {})
+        engine = Engine(runner, SCHEDULERS[scheduler](token_budget=token_budget), cfg, meta)
     except Exception as e:  # noqa: BLE001 (the parent reports it in one line)
         conn.send(("failed", str(e)))
+        if hasattr(runner, "close"):
+            runner.close()
         return
     send = conn.send
 
@@ -249,6 +271,9 @@ def run_engine(conn: Connection, recipe: tuple) -> None:
         pass
     except BaseException as e:  # noqa: BLE001 (the readers heard of it from the loop; the server hears why)
         try:
-            send(("died", repr(e)))
+            send(("died", str(e) if isinstance(e, MinillmError) else repr(e)))
         except OSError:
             pass
+    finally:
+        if hasattr(engine.runner, "close"):  # (tensor parallel: the workers end with the engine)
+            engine.runner.close()

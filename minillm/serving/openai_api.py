@@ -9,11 +9,13 @@ Every handler runs on the event loop, where waiting is free: a request is handed
 ServeLoop on a thread, or an EngineProcess), then the handler awaits its token stream. The engine
 never waits for the handler, so a thousand open streams cost it nothing but one message per step.
 
-Limits come before work: a body over max_body_bytes is refused (413) before it is read, and a prompt
-longer than the context before it is tokenized. Every error, whatever its cause (a bad field, an unknown
-route or model, a wrong method, a full queue, a stopping server), is an OpenAI error object
-{"error": {"message", "type", "param", "code"}}: 400 for a request that can never be served, 404, 405, 413,
-422, 429 with Retry-After when the queue is full, 503 when the engine died or the server is shutting down.
+Limits come before work: a body over max_body_bytes is refused (413) before it is read, a prompt
+longer than the context before it is tokenized, and a constraint (response_format, regex) is compiled on
+a worker thread, never on the event loop, before the request goes to the engine (openai_structured.py).
+Every error, whatever its cause (a bad field, an unknown route or model, a wrong method, a full queue, a
+stopping server), is an OpenAI error object {"error": {"message", "type", "param", "code"}}: 400 for a
+request that can never be served, 404, 405, 413, 422, 429 with Retry-After when the queue is full, 503 when
+the engine died or the server is shutting down.
 
 A client that hangs up mid-stream cancels its handler (Starlette watches the connection while it
 streams); the handler's `finally` then aborts the request, so its seat and KV blocks are free
@@ -34,6 +36,7 @@ from starlette.exceptions import HTTPException
 
 from minillm.serving.openai_output import DONE, FINISH_REASONS, ReplyText, chunk, reply, sse, usage
 from minillm.serving.openai_protocol import ApiError, Ask, parse_chat, parse_completion, parse_json, to_request
+from minillm.serving.openai_structured import constraint_for, warm, with_pattern
 from minillm.serving.serve_loop import RETRY_AFTER_S, LoopHandle
 from minillm.serving.token_stream import AsyncTokenStream, Event
 
@@ -54,6 +57,7 @@ def make_app(loop: LoopHandle, model: str = "minillm", max_body_bytes: int = MAX
     ids = itertools.count()  # request ids, unique for the server's life ("r0", "r1", ...)
     app.state.draining = False  # set by drain(): new requests get 503
     app.state.in_flight = set()  # ids of the requests whose reply is being made
+    warm()  # json_object's automaton, compiled while the engine starts (openai_structured.py)
 
     @app.exception_handler(ApiError)
     async def api_error(_, e: ApiError) -> Json:
@@ -108,11 +112,13 @@ def make_app(loop: LoopHandle, model: str = "minillm", max_body_bytes: int = MAX
 
     @app.post("/v1/completions")
     async def completions(request: Request) -> Response:
-        return await generate(parse_completion(parse_json(await read_body(request)), model), request)
+        body = parse_json(await read_body(request))
+        return await generate(with_pattern(parse_completion(body, model), body), request)
 
     @app.post("/v1/chat/completions")
     async def chat_completions(request: Request) -> Response:
-        return await generate(parse_chat(parse_json(await read_body(request)), model), request)
+        body = parse_json(await read_body(request))
+        return await generate(with_pattern(parse_chat(body, model), body), request)
 
     async def read_body(request: Request) -> bytes:
         """The body, refused (413) as soon as it is known to be too big: from its Content-Length, or as it comes."""
@@ -133,6 +139,7 @@ def make_app(loop: LoopHandle, model: str = "minillm", max_body_bytes: int = MAX
             raise ApiError("the server is shutting down: send this request elsewhere or later", status=503)
         rid = f"r{next(ids)}"
         request = to_request(ask, rid, loop.max_len)
+        request.constraint = await constraint_for(ask)  # (response_format or regex: a 400 here if it cannot be)
         stream = AsyncTokenStream(asyncio.get_running_loop())
         loop.submit(request, stream)
         first = await first_word(stream)
@@ -186,7 +193,7 @@ def make_app(loop: LoopHandle, model: str = "minillm", max_body_bytes: int = MAX
                 if finish is not None:
                     finished = True
                     if error:
-                        raise ApiError(f"the engine failed: {error}", status=500)
+                        raise ApiError(f"the engine failed: {error}", status=503)  # (not the request's fault)
                     counts = usage(prompt_tokens, len(tokens))
                     return reply(ask, rid, model, tokens, "".join(texts), finish, counts, shown)
         finally:
@@ -214,7 +221,7 @@ def make_app(loop: LoopHandle, model: str = "minillm", max_body_bytes: int = MAX
                     continue
                 finished = True
                 if error:
-                    yield sse(ApiError(f"the engine failed: {error}", status=500).body())
+                    yield sse(ApiError(f"the engine failed: {error}", status=503).body())
                 else:
                     yield chunk(ask, rid, model, piece, finish, tokens=counted, shown=shown)
                     if ask.include_usage:

@@ -12,11 +12,14 @@ of a conversation, and it knows only its two tasks: "count down from N" and "spe
 send the prompt as it is, after <bos> (as vLLM does): the chat format is the chat endpoint's business.
 
 Sampling (temperature, top_p, top_k, seed), stop strings, logprobs and max_tokens are honoured. A field
-this server cannot honour (echo, tools, response_format, penalties, ...) is refused with a 400 that names
-it, never silently dropped: a client that relies on it would get wrong answers without knowing. Such a
-field sent with the value that asks for nothing (null, false, 0, an empty list) is fine. Two extensions,
-as in vLLM: `ignore_eos` runs a reply to exactly max_tokens; `return_token_ids` adds each choice's new
-token ids as "token_ids" (the tests compare them with the offline engine's, token for token).
+this server cannot honour (echo, tools, penalties, ...) is refused with a 400 that names it, never silently
+dropped: a client that relies on it would get wrong answers without knowing. Such a field sent with the value
+that asks for nothing (null, false, 0, an empty list) is fine. Two extensions, as in vLLM: `ignore_eos` runs a
+reply to exactly max_tokens; `return_token_ids` adds each choice's new token ids as "token_ids" (the tests
+compare them with the offline engine's, token for token).
+
+Structured output (`response_format` json_object / json_schema, and minillm's `regex`) is read by
+openai_structured.py, on both endpoints, after the fields here.
 """
 
 from __future__ import annotations
@@ -61,6 +64,8 @@ class Ask:
     chat: bool = False
     sampling: Sampling = Sampling()  # (its logprobs: how many top tokens to list, None: no logprobs)
     stop: tuple[str, ...] = ()
+    pattern: str | None = None  # the regex the reply must match, None: any (openai_structured.with_pattern sets it)
+    pattern_param: str = "response_format"  # the field that asked for it (an error names it)
 
 
 # --- the body ------------------------------------------------------------------------------------
@@ -91,14 +96,13 @@ def parse_json(raw: bytes) -> dict:
 # Fields a client may send that ask for nothing when they hold one of these values (OpenAI's defaults).
 HARMLESS = {"presence_penalty": (0,), "frequency_penalty": (0,), "logit_bias": ({},), "echo": (False,),
             "best_of": (1,), "suffix": ("",), "tools": ([],), "tool_choice": ("none", "auto"), "functions": ([],),
-            "parallel_tool_calls": (True, False), "response_format": ({"type": "text"},), "store": (False,),
-            "n": (1,)}  # fmt: skip
+            "parallel_tool_calls": (True, False), "store": (False,), "n": (1,)}  # fmt: skip
 WHY_NOT = {"echo": "echo (the prompt back in the reply) is not supported",
            "tools": "this model cannot call tools", "tool_choice": "this model cannot call tools",
-           "functions": "this model cannot call functions", "response_format": 'only {"type": "text"} replies',
+           "functions": "this model cannot call functions",
            "n": "n must be 1: this server makes one reply per request"}  # fmt: skip
 COMMON = {"model", "max_tokens", "stream", "stream_options", "temperature", "top_p", "top_k", "seed", "stop",
-          "ignore_eos", "return_token_ids", "user", "metadata", "service_tier"}  # fmt: skip
+          "ignore_eos", "return_token_ids", "user", "metadata", "service_tier", "response_format", "regex"}  # fmt: skip
 FIELDS = {"completions": COMMON | {"prompt", "logprobs"},
           "chat": COMMON | {"messages", "max_completion_tokens", "logprobs", "top_logprobs"}}  # fmt: skip
 
@@ -229,7 +233,8 @@ def parse_chat(body: dict, model: str) -> Ask:
 
 
 def to_request(ask: Ask, request_id: str, max_len: int) -> Request:
-    """The engine's request: the prompt's length checked before it is tokenized (a huge prompt costs nothing)."""
+    """The engine's request: the prompt's length checked before it is tokenized (a huge prompt costs nothing).
+    Its constraint, the automaton of ask.pattern, is the app's to add (openai_structured.constraint_for)."""
     param = "messages" if ask.chat else "prompt"
     if len(ask.prompt) + len(ask.preamble or "") + 1 + ask.chat >= max_len:  # a character is at least one token
         raise ApiError(f"the prompt is over {max_len} tokens, the model's context: shorten it", param=param)

@@ -52,9 +52,11 @@ def build_loop(
     record_blocks: bool = True,
     stream_interval: int = 1,
     process: bool = False,
+    tp: int = 1,
 ) -> ServeLoop | EngineProcess:
     """An engine for the model, wrapped in a ServeLoop on a thread of this process, or (process=True) in an
-    EngineProcess of its own (what `serve` runs). Not started: the app starts it."""
+    EngineProcess of its own (what `serve` runs). Not started: the app starts it. tp > 1: the model split across
+    that many processes (parallel/), the engine's own among them."""
     if min(max_waiting, keep_steps, stream_interval) < 1:
         raise ConfigError(f"max_waiting, keep_steps and stream_interval must be at least 1, got {max_waiting}, "
                           f"{keep_steps} and {stream_interval}")  # fmt: skip
@@ -62,7 +64,11 @@ def build_loop(
                        prefix_caching=prefix_caching, record_blocks=record_blocks)  # fmt: skip
     loop_args = {"max_waiting": max_waiting, "keep_steps": keep_steps, "stream_interval": stream_interval}
     if process:
-        return EngineProcess(model, scheduler, token_budget, cfg, **loop_args)
+        return EngineProcess(model, scheduler, token_budget, cfg, tp=tp, **loop_args)
+    if tp > 1:
+        from minillm.parallel.runner import ShardedRunner  # (its close() runs at the process's exit)
+
+        model = ShardedRunner(model, tp)
     engine = Engine(model, SCHEDULERS[scheduler](token_budget=token_budget), cfg, meta={"workload": "live"})
     return ServeLoop(engine, **loop_args)
 
