@@ -20,7 +20,8 @@ from minillm.model.transformer import Transformer
 BATCHES, CONTEXT = (1, 64), 64  # the decode steps of the batching entry: paged, 64 cached tokens per row
 MATMULS = {"linear", "matmul", "mm", "bmm", "addmm", "einsum"}
 # The function that made a call names its kind (the first match wins); a Linear's matmul is a matmul wherever it is.
-CALLERS = (("RMSNorm", "norm"), ("rope", "rope"), ("prepare", "step plan"), ("RaggedRows.__init__", "step plan"),
+CALLERS = (("RMSNorm", "norm"), ("rope", "rope"), ("prepare", "step plan"), ("plan_rows", "step plan"),
+           ("RaggedRows.__init__", "step plan"),
            ("StepPlan", "step plan"), ("slot_mapping", "step plan"), ("paged_gather", "kv cache"),
            ("KVCache.attend", "kv cache"), ("attend", "attention"), ("visible_mask", "attention"))  # fmt: skip
 OPS = {

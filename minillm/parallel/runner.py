@@ -21,6 +21,7 @@ import atexit
 import copy
 import datetime
 import socket
+import time
 
 import torch
 import torch.distributed as dist
@@ -89,7 +90,11 @@ class ShardedRunner(ModelRunner):
         try:
             return call()
         except RuntimeError as e:  # (gloo: "Connection closed by peer" when a rank's process ends)
-            raise WorkerDied(f"a tensor-parallel collective failed ({self.gone() or e})") from None
+            deadline = time.monotonic() + 2  # the socket can close a moment before the process is seen gone
+            while not self.gone() and time.monotonic() < deadline:
+                time.sleep(0.02)
+            why = self.gone() or f"no worker has exited: {str(e).splitlines()[0][:200]}"
+            raise WorkerDied(f"a tensor-parallel collective failed ({why})") from None
 
     def make_cache(self, cfg: EngineConfig, max_len: int):
         self.broadcast(("cache", cfg, max_len))
