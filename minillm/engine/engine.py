@@ -28,17 +28,16 @@ from torch import nn
 
 from minillm.config import EngineConfig
 from minillm.engine.constrain import advance
+from minillm.engine.handover import adopt
 from minillm.engine.packing import pack
 from minillm.engine.request import Request, State
 from minillm.engine.runner import ModelRunner
 from minillm.engine.sampler import give_own_seed
 from minillm.engine.scheduler import Scheduler, check_plan, check_plan_tokens
 from minillm.engine.speculate import speculator_for
-from minillm.engine.trace import StepRecord, Trace, request_record
+from minillm.engine.trace import StepRecord, Trace, run_trace, step_record
 from minillm.errors import InputError
 from minillm.model.tokenizer import EOS
-
-WAITING_RECORDED = 100  # ids of the queue's head recorded per step (the length is always recorded)
 
 
 class Engine:
@@ -59,6 +58,7 @@ class Engine:
         self.requests: list[Request] = []  # everything submitted, in order
         self.live: dict[str, Request] = {}  # id -> request queued or running (ids are unique among them)
         self.records: list[StepRecord] = []
+        self.handed: list[Request] = []  # handed over, their KV not yet copied out (handover.py)
         self.step_no, self.admissions = 0, 0
         self.meta = meta or {}
 
@@ -191,6 +191,8 @@ class Engine:
         if request.admit_step is None:
             request.admit_step = self.step_no
         self._claim(request)  # (prefix caching) start on the cached blocks of the prompt's beginning, if any
+        if request.kv_import is not None:  # handed over by a prefill engine: its prompt's KV is computed already
+            adopt(self.cache, request)
 
     def _claim(self, request: Request) -> None:
         """Go on with cached blocks of the request's tokens; count the prompt tokens its first admission took."""
@@ -223,6 +225,9 @@ class Engine:
             if len(request.output_ids) == request.max_new_tokens:
                 reason = "length"
                 break
+            if request.handoff:  # prefill here, decode elsewhere: its KV waits for engine.release (handover.py)
+                reason = "handed-over"
+                break
         else:
             return False
         request.state, request.finish_reason = State.FINISHED, reason
@@ -231,70 +236,26 @@ class Engine:
         return True
 
     def _release(self, request: Request) -> None:
-        """A finished request gives back its KV memory, and its seat unless the policy holds it."""
+        """A finished request gives back its KV memory, and its seat unless the policy holds it (a handed-over one
+        keeps both until the caller has copied its KV out: release)."""
+        if request.finish_reason == "handed-over":
+            self.handed.append(request)
+            return
         self.cache.free(request.seat)
         if not self.scheduler.holds_finished_seats:
             self.seats[request.seat] = None
 
-    # --- recording -------------------------------------------------------------------------------
+    def release(self, request: Request) -> None:
+        """A handed-over request's KV has been copied out: its blocks and seat are free."""
+        self.handed.remove(request)
+        self.cache.free(request.seat)
+        self.seats[request.seat], request.seat = None, None
+
+    # --- recording (trace.py) -----------------------------------------------------------------------
     def _record(self, plan, rows, kinds, made: dict[str, int], finished, batch, begin: float) -> StepRecord:
-        ran = {r.id: n for r, n in rows}
-        occupants = {s: r for s, r in enumerate(self.seats) if r is not None}
-        seats = []
-        for seat in sorted(occupants):
-            r = occupants[seat]
-            if r.id in ran:
-                seats.append([seat, r.id, kinds[r.id], ran[r.id], made.get(r.id, 0)])
-            else:
-                seats.append([seat, r.id, "held" if r.is_finished else "stalled", 0, 0])
-        live = {r.seat: r for r in self.running() + finished}  # (finished this step: their KV is not freed yet)
-        now = self.clock.now()
-        record = StepRecord(
-            step=self.step_no,
-            num_seats=self.cfg.slots,
-            seats=seats,
-            waiting=[r.id for _, r in zip(range(WAITING_RECORDED), self.waiting)],
-            num_waiting=len(self.waiting),
-            admitted=[r.id for r in plan.admit],
-            finished=[r.id for r in finished],
-            preempted=[r.id for r in plan.preempt],
-            tokens=sum(made.values()),
-            padding_rows=batch.padding_rows,
-            kv_blocks_used=self.cache.blocks_in_use(list(live)),
-            kv_blocks_total=self.cache.num_blocks,
-            kv_cached_blocks=self.cache.cached_free_blocks,
-            kv_tokens_stored=self.cache.stored_tokens,
-            wall_s=round(now - begin, 9),  # nanoseconds are plenty, and keep a long trace's JSON short
-            time_s=round(now, 9),
-            drafts={rid: draft for rid, (draft, _) in self.speculator.verified.items()},
-            accepted={rid: n for rid, (_, n) in self.speculator.verified.items()},
-            allowed=batch.allowed,  # (constrained rows: how many tokens their masks allowed)
-        )
-        if self.cfg.record_blocks:
-            tables = self.cache.block_map(sorted(live))
-            record.kv_tables = {live[s].id: t for s, t in tables.items()}
-            record.kv_tokens = {r.id: self.cache.seat_tokens(s) for s, r in live.items()}
-            record.kv_cached_free = self.cache.cached_free_block_ids()
+        record = step_record(self, plan, rows, kinds, made, finished, batch, begin)
         self.records.append(record)
         return record
 
     def trace(self) -> Trace:
-        config = {
-            "scheduler": self.scheduler.name,
-            "kv": self.cfg.kv,
-            "slots": self.cfg.slots,
-            "block_size": self.cfg.block_size,
-            "num_blocks": self.cache.num_blocks,
-            "max_len": self.max_len,
-            "token_budget": getattr(self.scheduler, "token_budget", None),
-            "prefix_caching": self.cfg.prefix_caching,
-            "prefix_cache_events": dict(self.cache.allocator.events) if self.cfg.prefix_caching else None,
-            "speculate": self.cfg.speculate,
-            "drafter": getattr(self.speculator.drafter, "name", None),
-            "device": str(self.device),
-            "clock": getattr(self.clock, "name", "wall"),
-            "model": self.meta.get("model", "minillm"),
-            "workload": self.meta.get("workload", "custom"),
-            "seed": self.meta.get("seed"),
-        } | {k: v for k, v in self.meta.items() if k not in ("model", "workload", "seed")}
-        return Trace(config=config, requests=[request_record(r) for r in self.requests], steps=list(self.records))
+        return run_trace(self)

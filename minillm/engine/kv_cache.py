@@ -87,6 +87,16 @@ class ContiguousKVCache:
         self.k[(layer, *plan.write_at)], self.v[(layer, *plan.write_at)] = k, v  # each new token at (seat, position)
         return plan.attend(q, lambda group: (self.k[layer, group.keys, :span], self.v[layer, group.keys, :span]))
 
+    def read_tokens(self, seat: int, n: int) -> tuple[torch.Tensor, torch.Tensor]:
+        """The keys and values of the seat's first n tokens, every layer: (L, n, Hkv, D) each (a hand-over)."""
+        return self.k[:, seat, :n].clone(), self.v[:, seat, :n].clone()
+
+    def write_tokens(self, seat: int, k: torch.Tensor, v: torch.Tensor) -> None:
+        """Store computed keys and values (L, n, Hkv, D) after what the seat holds, as if a forward had."""
+        start, n = self.lengths[seat], k.shape[1]
+        self.k[:, seat, start : start + n], self.v[:, seat, start : start + n] = k, v
+        self.lengths[seat] += n
+
     def free(self, seat: int) -> None:
         """Forget a seat's tokens. Its row stays reserved: that is the contiguous layout's cost."""
         self.lengths[seat] = 0
@@ -205,6 +215,24 @@ class PagedKVCache(PagedKVBooks):
         for group in plan.groups:
             group.keys = padded[group.rows]  # (G, max_blocks): the blocks its rows read
         return plan.positions
+
+    def token_slots(self, seat: int, start: int, n: int) -> torch.Tensor:
+        """(n,) flat pool slots of the seat's tokens start .. start + n - 1."""
+        table = torch.tensor(self.allocator.tables[seat], device=self.k.device)
+        positions = torch.arange(start, start + n, device=self.k.device)
+        return table[positions // self.block_size] * self.block_size + positions % self.block_size
+
+    def read_tokens(self, seat: int, n: int) -> tuple[torch.Tensor, torch.Tensor]:
+        """The keys and values of the seat's first n tokens, every layer: (L, n, Hkv, D) each (a hand-over)."""
+        slots = self.token_slots(seat, 0, n)
+        return self.k_slots[:, slots], self.v_slots[:, slots]
+
+    def write_tokens(self, seat: int, k: torch.Tensor, v: torch.Tensor) -> None:
+        """Store computed keys and values (L, n, Hkv, D) after what the seat holds, in blocks given to it now."""
+        start = self.seat_tokens(seat)  # (a prefix cache may have given it the first blocks)
+        self.allocator.append(seat, k.shape[1])
+        slots = self.token_slots(seat, start, k.shape[1])
+        self.k_slots[:, slots], self.v_slots[:, slots] = k, v
 
     def attend(self, layer: int, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> torch.Tensor:
         """q (B, T, H, D); k, v (B, T, Hkv, D) for the new tokens. Returns (B, T, H, D)."""

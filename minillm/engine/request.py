@@ -43,6 +43,8 @@ class Request:
     planned_reply: int | None = None  # the reply length a workload drew: a simulated model replies this long, then EOS
     sampling: Sampling = Sampling()  # how its tokens are picked (sampler.py): greedy unless it asks otherwise
     constraint: Any = None  # a pattern the reply must match: an automaton over bytes (constrain.py), or None
+    handoff: bool = False  # prefill here, decode on another engine: hand over after the first token (handover.py)
+    kv_import: Any = None  # a handed-over request's prompt keys and values (L, n, Hkv, D) each, until admitted
 
     state: State = State.WAITING
     output_ids: list[int] = field(default_factory=list)

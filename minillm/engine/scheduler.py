@@ -129,6 +129,12 @@ def keep_running(running: list[Request], kv: KVSpace, budget: int | None):
         free += kv.blocks_held(victim.seat)
 
 
+def computed_before(request: Request, kv: KVSpace) -> int:
+    """A newcomer's tokens it need not run: those in the prefix cache, or whose KV it brought (handover.py)."""
+    imported = request.kv_import[0].shape[1] if request.kv_import is not None else 0
+    return max(kv.cached_prefix(request.tokens), imported)
+
+
 def admit_in_order(
     waiting: list[Request], free_seats: int, free_blocks: int, budget_left: float, kv: KVSpace, victims=()
 ):
@@ -145,7 +151,7 @@ def admit_in_order(
         if cost > free_blocks:
             break  # nobody jumps the queue: a later, smaller request waits behind the head
         admitted.append(request)
-        tokens[request.id] = int(min(request.num_tokens - kv.cached_prefix(ids), budget_left))
+        tokens[request.id] = int(min(request.num_tokens - computed_before(request, kv), budget_left))
         free_blocks -= cost
         budget_left -= tokens[request.id]
     return admitted, tokens
@@ -166,7 +172,7 @@ class StaticScheduler:
             victims, tokens, _ = keep_running(running, kv, self.token_budget)
             return Plan(preempt=victims, tokens=tokens)
         batch, _ = admit_in_order(waiting, len(seats), kv.free_blocks, math.inf, kv)  # the whole batch at once
-        demands = [(r, r.num_tokens - kv.cached_prefix(r.tokens)) for r in batch]
+        demands = [(r, r.num_tokens - computed_before(r, kv)) for r in batch]
         return Plan(admit=batch, tokens=share_budget(demands, self.token_budget))  # its prompts share the budget
 
 

@@ -147,3 +147,73 @@ def step_to_dict(step: StepRecord, config: dict) -> dict:
 
 def _known(kind, data: dict) -> dict:
     return {k: v for k, v in data.items() if k in kind.__dataclass_fields__}  # extra fields are welcome
+
+
+# --- what an engine records (engine.py calls these: its loop stays a loop) ----------------------------------------
+WAITING_RECORDED = 100  # ids of the queue's head recorded per step (the length is always recorded)
+
+
+def step_record(engine, plan, rows, kinds, made: dict[str, int], finished, batch, begin: float) -> StepRecord:
+    """The step the engine just took: who sat where doing what, the queue, the KV memory as the forward used it."""
+    ran = {r.id: n for r, n in rows}
+    occupants = {s: r for s, r in enumerate(engine.seats) if r is not None}
+    seats = []
+    for seat in sorted(occupants):
+        r = occupants[seat]
+        if r.id in ran:
+            seats.append([seat, r.id, kinds[r.id], ran[r.id], made.get(r.id, 0)])
+        else:
+            seats.append([seat, r.id, "held" if r.is_finished else "stalled", 0, 0])
+    live = {r.seat: r for r in engine.running() + finished}  # (finished this step: their KV is not freed yet)
+    cache, verified, now = engine.cache, engine.speculator.verified, engine.clock.now()
+    record = StepRecord(
+        step=engine.step_no,
+        num_seats=engine.cfg.slots,
+        seats=seats,
+        waiting=[r.id for _, r in zip(range(WAITING_RECORDED), engine.waiting)],
+        num_waiting=len(engine.waiting),
+        admitted=[r.id for r in plan.admit],
+        finished=[r.id for r in finished],
+        preempted=[r.id for r in plan.preempt],
+        tokens=sum(made.values()),
+        padding_rows=batch.padding_rows,
+        kv_blocks_used=cache.blocks_in_use(list(live)),
+        kv_blocks_total=cache.num_blocks,
+        kv_cached_blocks=cache.cached_free_blocks,
+        kv_tokens_stored=cache.stored_tokens,
+        wall_s=round(now - begin, 9),  # nanoseconds are plenty, and keep a long trace's JSON short
+        time_s=round(now, 9),
+        drafts={rid: draft for rid, (draft, _) in verified.items()},
+        accepted={rid: n for rid, (_, n) in verified.items()},
+        allowed=batch.allowed,  # (constrained rows: how many tokens their masks allowed)
+    )
+    if engine.cfg.record_blocks:
+        tables = cache.block_map(sorted(live))
+        record.kv_tables = {live[s].id: t for s, t in tables.items()}
+        record.kv_tokens = {r.id: cache.seat_tokens(s) for s, r in live.items()}
+        record.kv_cached_free = cache.cached_free_block_ids()
+    return record
+
+
+def run_trace(engine) -> Trace:
+    """The whole run so far: the engine's settings, every request's fate, every step."""
+    cfg, scheduler = engine.cfg, engine.scheduler
+    config = {
+        "scheduler": scheduler.name,
+        "kv": cfg.kv,
+        "slots": cfg.slots,
+        "block_size": cfg.block_size,
+        "num_blocks": engine.cache.num_blocks,
+        "max_len": engine.max_len,
+        "token_budget": getattr(scheduler, "token_budget", None),
+        "prefix_caching": cfg.prefix_caching,
+        "prefix_cache_events": dict(engine.cache.allocator.events) if cfg.prefix_caching else None,
+        "speculate": cfg.speculate,
+        "drafter": getattr(engine.speculator.drafter, "name", None),
+        "device": str(engine.device),
+        "clock": getattr(engine.clock, "name", "wall"),
+        "model": engine.meta.get("model", "minillm"),
+        "workload": engine.meta.get("workload", "custom"),
+        "seed": engine.meta.get("seed"),
+    } | {k: v for k, v in engine.meta.items() if k not in ("model", "workload", "seed")}
+    return Trace(config=config, requests=[request_record(r) for r in engine.requests], steps=list(engine.records))
