@@ -94,6 +94,7 @@ LESSON_NOTEBOOKS = {
     "09": "09_prefix_caching.ipynb",
     "10": "10_engine_to_server.ipynb",
     "11": "11_speculative_decoding.ipynb",
+    "12": "12_tensor_parallel.ipynb",
     "14": "14_output_that_obeys.ipynb",
 }
 

@@ -93,6 +93,11 @@ def test_whatif_takes_a_config_json_path(capsys, tmp_path):
         (["--dtype", "int3"], ["unknown weight dtype 'int3'", "fp8, int4"]),
         (["--kv-dtype", "int4"], ["unknown KV cache dtype 'int4'", "bf16, fp16, fp8"]),
         (["--context", "1000000"], ["--context 1,000,000 is longer than llama-3.1-8b was built for", "131,072"]),
+        (["--tp", "3"], ["--tp 3 cannot split llama-3.1-8b", "32 query heads, 8 key/value heads", "1, 2, 4, 8"]),
+        (["--tp", "0"], ["--tp must be a whole number of cards, at least 1"]),
+        (["--tp", "2", "--link", "nvlink-9"], ["unknown link 'nvlink-9'", "nvlink-4, nvlink-3, pcie-4, pcie-5"]),
+        (["--link", "nvlink-9"], ["unknown link 'nvlink-9'"]),
+        (["--tp", "2", "--gpu", "apple-m2-ultra"], ["apple-m2-ultra has no link", "--link"]),
     ],
 )
 def test_bad_whatif_input_is_one_line(capsys, argv, needles):
@@ -101,6 +106,32 @@ def test_bad_whatif_input_is_one_line(capsys, argv, needles):
     assert err.startswith("error: ") and err.count("\n") == 1 and "Traceback" not in err
     for needle in needles:
         assert needle in err
+
+
+def test_whatif_tp_splits_a_70b_model_over_8_cards(capsys):
+    code, out, _ = run_cli(capsys, "whatif", "--model", "llama-3.1-70b", "--gpu", "h100-sxm", "--tp", "8")
+    assert code == 0
+    for needle in ("on 8 x NVIDIA H100 SXM", "tensor-parallel over NVLink 4", "memory    per card: 80.0 GiB",
+                   "(1/8 of 131.4 GiB)", "KiB per token per card", "users fit at 4,096 tokens", "tokens/s in total",
+                   "all-reduce 161 per step (2 per layer, 1 after the embedding)", "ms of the",
+                   "share of a batch-1 step by tp: tp 1: 0%, tp 2:", "tp 8:", "over half the step",
+                   "2048-token prompt chunk"):  # fmt: skip
+        assert needle in out, needle
+    code, out, _ = run_cli(capsys, "whatif", "--model", "llama-3.1-70b", "--gpu", "h100-sxm", "--tp", "8", "--json")
+    p = json.loads(out)
+    assert p["tp"] == 8 and p["link"] == "nvlink-4" and p["weights_fit"] and p["max_users"] > 300
+    assert p["weight_bytes"] < p["total_weight_bytes"] / 7 and 0 < p["comm_share"] < 0.5
+    assert list(p["comm_share_by_tp"]) == ["1", "2", "4", "8"] and p["comm_dominates"].startswith("at no batch")
+
+
+def test_whatif_link_overrides_the_cards_own(capsys):
+    argv = ("whatif", "--model", "llama-3.1-70b", "--gpu", "h100-sxm", "--tp", "8", "--batch", "64", "--json")
+    nvlink, pcie = (json.loads(run_cli(capsys, *argv, *extra)[1]) for extra in ((), ("--link", "pcie-4")))
+    assert nvlink["link"] == "nvlink-4" and pcie["link"] == "pcie-4"
+    assert pcie["comm_s"] > nvlink["comm_s"] and pcie["tokens_per_s"] < nvlink["tokens_per_s"]
+    code, out, _ = run_cli(capsys, "whatif", "--model", "llama-3.1-70b", "--gpu", "h100-sxm", "--tp", "8", "--link",
+                           "pcie-4")  # fmt: skip
+    assert "tensor-parallel over PCIe 4.0 x16" in out
 
 
 def test_calibrate_writes_a_small_json_in_the_user_cache(cache_home):

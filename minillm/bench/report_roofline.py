@@ -134,16 +134,16 @@ def markdown(results: dict, img) -> list[str]:
 
 
 def published_markdown(p: dict) -> list[str]:
-    from minillm.bench.published import LLAMA_CPP, TRT_LLM
-
+    sources = "; ".join(dict.fromkeys(x["source"] for x in p["rows"]))  # each once, in the table's order
     lines = ["### Real cards against published measurements", "",
              "Each figure was measured and published by others; beside it, `run --simulate`'s prediction of the "
-             "same run (the engine on a simulated clock, priced by `minillm/card/enginecost.py`). Sources: "
-             f"{LLAMA_CPP}; {TRT_LLM}.", "",
+             "same run (the engine on a simulated clock, priced by `minillm/card/enginecost.py`; a model split over "
+             f"N cards, by `minillm/card/tensor_parallel.py`: N x card). Sources: {sources}.", "",
              "| kind | card | model | dtype (KV) | run | published | predicted | error | goal | why |",
              "|---|---|---|---|---|---:|---:|---:|---:|---|"]  # fmt: skip
     for x in p["rows"]:
-        lines.append(f"| {x['kind']} | {x['gpu']} | {x['model']} | {x['dtype']} ({x['kv_dtype']}) | {x['label']} | "
+        card = f"{x['tp']} x {x['gpu']}" if x.get("tp", 1) > 1 else x["gpu"]
+        lines.append(f"| {x['kind']} | {card} | {x['model']} | {x['dtype']} ({x['kv_dtype']}) | {x['label']} | "
                      f"{x['reported']:,.1f} {x['unit']} | {x['predicted']:,.1f} | {x['error']:+.0%} | "
                      f"{x['goal']:.0%}{'' if x['met'] else ' (missed)'} | {x['why']} |")  # fmt: skip
     met = sum(x["met"] for x in p["rows"])

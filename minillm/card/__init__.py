@@ -1,10 +1,11 @@
 """A real model on a real card, by arithmetic: datasheets, config.json shapes, the roofline, a simulated clock;
 and this machine, measured and predicted the same way.
 
-hardware.py    the cards (memory, bandwidth, dense FLOP/s, each with its source) and this machine
+hardware.py    the cards (memory, bandwidth, dense FLOP/s, each with its source), the links between them, this machine
 modelspec.py   a model's shape from its Hugging Face config.json (models/ holds a few)
 roofline.py    the bound on one engine step (bytes and FLOPs, the larger), and how many users' KV fits
 enginecost.py  a serving engine's step on a card: the roofline kernel by kernel (what run --simulate charges)
+tensor_parallel.py  one model split over several cards: a card's share of the step, plus the all-reduces
 sizes.py       model sizes for timing this machine (random weights, the same engine code)
 microbench.py  the microbenchmarks calibration runs (none of them the model)
 calibrate.py   this machine measured, so it can be priced like a card

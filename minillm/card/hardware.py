@@ -13,6 +13,10 @@ show. The RTX 4090 is 165.2 dense TFLOP/s in bf16, not 330 (fp16 accumulate) or 
 
 Memory sizes: vendors' "24 GB" of GPU memory is 24 GiB (nvidia-smi shows 24576 MiB).
 `this-machine` is not in the table: `python -m minillm calibrate` measures it (calibrate.py).
+
+Cards that split one model (tensor parallelism, tensor_parallel.py) talk over a link: NVLink between SXM cards,
+PCIe between the others. Vendors print a link's bandwidth "bidirectional", both directions added; a ring
+all-reduce sends and receives at once, each at the one-way rate, so LINKS keeps the one-way figure: half the headline.
 """
 
 from __future__ import annotations
@@ -42,6 +46,7 @@ class Device:
     # microsecond or two; eager launches from Python cost several. Assumption: 2 us.
     launch_s: float = 2e-6
     achieved: bool = False  # True: bandwidth and FLOP/s were measured here (calibrate.py), no share of them to take
+    link: str | None = None  # how cards of this kind talk to each other by default (LINKS); None: no known link
 
     def peak_flops(self, compute_dtype: str) -> float:
         """Dense FLOP/s for a compute dtype; a dtype the card lacks a fast path for falls back to fp32."""
@@ -56,7 +61,55 @@ def _card(name, label, memory_gib, bandwidth_gbs, fp32, bf16, fp16=None, fp8=Non
     flops = {"fp32": fp32 * TERA, "bf16": bf16 * TERA, "fp16": (fp16 or bf16) * TERA}
     if fp8 is not None:
         flops["fp8"] = fp8 * TERA
-    return Device(name, label, int(memory_gib * GiB), bandwidth_gbs * 1e9, flops, **practical)
+    return Device(name, label, int(memory_gib * GiB), bandwidth_gbs * 1e9, flops, link=CARD_LINKS.get(name),
+                  **practical)  # fmt: skip
+
+
+@dataclass(frozen=True)
+class Link:
+    """The connection between cards, as a tensor-parallel step sees it."""
+
+    name: str
+    label: str
+    bandwidth: float  # bytes/s one way, per card: what each rank of a ring all-reduce sends (and receives) at
+    # Fixed cost of one collective: kernel launch, the ranks' handshake, the first bytes' trip. Assumption, like
+    # launch_s. NVLink: serving engines run small all-reduces with custom one-shot kernels (vLLM's custom_all_reduce,
+    # TensorRT-LLM's): SGLang PR #2904 measured 3.7-7.8 us for 0.5-32 KB at TP 2-8 on H100 SXM, so 5 us.
+    # PCIe: those kernels need NVLink (or peer-to-peer, which GeForce cards lack), so it is NCCL's ring, whose own
+    # tuning model (src/graph/tuning.cc) prices a small one at 6.6 us + 1 us per hop on PCIe (2(tp-1) hops:
+    # 20.6 us at 8 ranks), so 20 us.
+    latency_s: float
+
+
+LINKS: dict[str, Link] = {
+    link.name: link
+    for link in (
+        # NVIDIA H100 Tensor Core GPU datasheet, SXM column: NVLink 900 GB/s (4th generation: 18 links of 50 GB/s,
+        # both directions counted), so 450 GB/s each way. The H200 SXM datasheet prints the same 900 GB/s.
+        Link("nvlink-4", "NVLink 4 (900 GB/s both ways)", 450e9, 5e-6),
+        # NVIDIA A100 Tensor Core GPU datasheet, SXM column: NVLink 600 GB/s (3rd generation, 12 links), 300 each way.
+        Link("nvlink-3", "NVLink 3 (600 GB/s both ways)", 300e9, 5e-6),
+        # PCI Express 4.0 x16: 16 GT/s x 16 lanes x 128/130 encoding = 31.5 GB/s each way (the datasheets' "64 GB/s"
+        # is both ways); 5.0 doubles the transfer rate: 63 GB/s each way ("128 GB/s" on the H100 PCIe datasheet).
+        Link("pcie-4", "PCIe 4.0 x16 (64 GB/s both ways)", 31.5e9, 20e-6),
+        Link("pcie-5", "PCIe 5.0 x16 (128 GB/s both ways)", 63e9, 20e-6),
+    )
+}
+
+
+# Each card's link to its neighbours in a usual server, from the same datasheets as the card: NVLink for the SXM
+# modules (H100 and H200 SXM: 4th generation; A100 SXM: 3rd), PCIe 4.0 x16 for the others (the L4 datasheet's "PCIe
+# Gen4 x16"; GeForce Ada has no NVLink, and a 3090's NVLink bridge is an option, not the default). The M2 Ultra is
+# one chip with no link to another: tensor parallelism there needs --link.
+CARD_LINKS = {"h100-sxm": "nvlink-4", "h200": "nvlink-4", "a100-80gb-sxm": "nvlink-3", "rtx-3090": "pcie-4",
+              "rtx-4090": "pcie-4", "l4": "pcie-4"}  # fmt: skip
+
+
+def get_link(name: str) -> Link:
+    try:
+        return LINKS[name]
+    except KeyError:
+        raise ConfigError(f"unknown link {name!r}; known: {', '.join(LINKS)}") from None
 
 
 DEVICES: dict[str, Device] = {

@@ -5,17 +5,19 @@ the runner differs. SimulatedRunner stands in for the model forward: each reques
 its planned number of tokens and then EOS, and each step advances a virtual clock by what a
 serving engine's step over those rows costs on the card (enginecost.py: the roofline, kernel by
 kernel). The KV pool gets as many blocks as the card's free memory holds for the model, and
-keeps only the allocator's books (an 8B
-model's pool would be gigabytes of tensors). The trace that comes out is an ordinary trace whose
-times are simulated seconds, so metrics, the app and the lessons read it unchanged.
+keeps only the allocator's books (an 8B model's pool would be gigabytes of tensors). With tp > 1
+the model is split over tp such cards (tensor_parallel.py): the pool is as many blocks as one card
+holds its share of (its own kv heads), and a step is one card's share plus the all-reduces between
+them. The trace that comes out is an ordinary trace whose times are simulated seconds, so metrics,
+the app and the lessons read it unchanged.
 """
 
 from __future__ import annotations
 
-from minillm.card.enginecost import engine_step
 from minillm.card.hardware import Device
 from minillm.card.modelspec import ModelSpec
 from minillm.card.roofline import check_dtypes, kv_blocks
+from minillm.card.tensor_parallel import link_of, rank_spec, tp_step
 from minillm.config import EngineConfig
 from minillm.engine.packing import Batch
 from minillm.engine.paged_books import PagedKVBooks
@@ -51,21 +53,24 @@ class VirtualClock:
 
 class SimulatedRunner:
     def __init__(self, spec: ModelSpec, device: Device, dtype: str = "bf16", kv_dtype: str = "bf16",
-                 utilization: float = 0.9):  # fmt: skip
+                 utilization: float = 0.9, tp: int = 1, link: str | None = None):  # fmt: skip
         check_dtypes(dtype, kv_dtype)
         self.spec, self.card, self.dtype, self.kv_dtype, self.utilization = spec, device, dtype, kv_dtype, utilization
+        self.tp, self.rank_spec = tp, rank_spec(spec, tp)  # one card's share of the model (tp = 1: all of it)
+        self.link = link_of(device, link) if tp > 1 else None
         self.model = None
-        self.device = f"simulated {device.name}"
+        self.device = f"simulated {device.name}" + (f" x {tp} ({self.link.name})" if tp > 1 else "")
         self.vocab_size, self.max_len = spec.vocab, spec.max_context or DEFAULT_CONTEXT
         self.clock = VirtualClock()
         self.busy_s = 0.0  # simulated seconds spent running steps (the rest: waiting for arrivals)
 
     def pool_blocks(self, block_size: int) -> int:
         """KV blocks that fit in the card's memory after the weights and the activation reserve."""
-        blocks = kv_blocks(self.spec, self.card, self.dtype, self.kv_dtype, block_size, self.utilization)
+        blocks = kv_blocks(self.rank_spec, self.card, self.dtype, self.kv_dtype, block_size, self.utilization)
         if blocks < 1:
+            cards = f"{self.tp} x {self.card.name}" if self.tp > 1 else self.card.name
             raise ConfigError(
-                f"{self.spec.name} in {self.dtype} does not fit on {self.card.name} with room for any KV cache; "
+                f"{self.spec.name} in {self.dtype} does not fit on {cards} with room for any KV cache; "
                 "try --dtype int4 or fp8, or a card with more memory"
             )
         return blocks
@@ -81,7 +86,7 @@ class SimulatedRunner:
         rows = list(zip(batch.counts, starts))
         if batch.padding_rows:  # held seats are computed too: copies of the first decode row
             rows += [rows[batch.counts.index(1)]] * batch.padding_rows
-        seconds = engine_step(self.spec, self.card, rows, self.dtype, self.kv_dtype).time_s
+        seconds = tp_step(self.spec, self.card, rows, self.dtype, self.kv_dtype, self.tp, self.link).time_s
         self.clock.advance(seconds)
         self.busy_s += seconds
         return [planned_token(r) for r in batch.sampled]

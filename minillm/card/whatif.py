@@ -1,24 +1,36 @@
-"""`python -m minillm whatif`: one model on one card, in numbers (roofline.py).
+"""`python -m minillm whatif`: one model on one card, or split over several (tensor parallelism), in numbers.
 
 `plan` answers the workshop's first question: how many users fit, and how fast is each? When the
 answer is "they do not", it says so and prints no speed: a speed for weights that do not fit, or for
 a context longer than the model was built for, would be a number about nothing.
+With --tp N every number is one card's (tensor_parallel.py: each holds 1/N of the weights and of every user's KV),
+plus what the cards send each other: the all-reduces' share of a step, at each tp, and the batches where it is most.
 (`whatif --validate`, the check of the cost model on this machine, is validate.py.)
 """
 
 from __future__ import annotations
 
 from minillm.card import roofline
-from minillm.card.enginecost import engine_decode
 from minillm.card.hardware import Device
 from minillm.card.modelspec import ModelSpec
+from minillm.card.tensor_parallel import (
+    dominated_batches,
+    link_of,
+    rank_spec,
+    tp_choices,
+    tp_decode,
+    tp_step,
+    where_they_dominate,
+)
 from minillm.errors import ConfigError
 
 GiB = 2**30
 
 
-def plan(spec: ModelSpec, device: Device, dtype="bf16", kv_dtype="bf16", context=4096, batch=1) -> dict:
-    """Memory split, users that fit, and decode speed at `batch` users of `context` tokens each."""
+def plan(spec: ModelSpec, device: Device, dtype="bf16", kv_dtype="bf16", context=4096, batch=1, tp=1, link=None
+         ) -> dict:  # fmt: skip
+    """Memory split, users that fit, and decode speed at `batch` users of `context` tokens each, on `tp` cards
+    joined by `link` (a hardware.LINKS name; None: the card's own)."""
     if context < 1:
         raise ConfigError(f"--context must be at least 1 token, got {context}")
     if batch < 1:
@@ -28,20 +40,28 @@ def plan(spec: ModelSpec, device: Device, dtype="bf16", kv_dtype="bf16", context
             f"--context {context:,} is longer than {spec.name} was built for: at most {spec.max_context:,} tokens "
             "(max_position_embeddings in its config.json)"
         )
-    cost = roofline.decode_cost(spec, device, batch, context, dtype, kv_dtype)  # the bound
-    step = engine_decode(spec, device, batch, context, dtype, kv_dtype).time_s  # the prediction
-    single = engine_decode(spec, device, 1, context, dtype, kv_dtype).time_s
-    weights = roofline.weight_bytes(spec, dtype)
-    weights_fit = roofline.free_kv_bytes(spec, device, dtype) > 0
-    users = roofline.max_users(spec, device, context, dtype, kv_dtype)
-    fitting = roofline.max_context(spec, device, batch, dtype, kv_dtype)
+    rank = rank_spec(spec, tp)  # one card's share (tp = 1: the model itself)
+    if link is not None:
+        link_of(device, link)  # a wrong --link is an error even on one card
+    wire = link_of(device, link) if tp > 1 else None
+    decode = lambda b, c: tp_decode(spec, device, b, c, dtype, kv_dtype, tp, wire)  # the prediction
+    decode_at = lambda t: tp_decode(spec, device, batch, context, dtype, kv_dtype, t, wire)
+    step = decode(batch, context)
+    single = decode(1, context).time_s
+    cost = roofline.decode_cost(rank, device, batch, context, dtype, kv_dtype)  # the bound, plus the collectives
+    weights = roofline.weight_bytes(rank, dtype)
+    weights_fit = roofline.free_kv_bytes(rank, device, dtype) > 0
+    users = roofline.max_users(rank, device, context, dtype, kv_dtype)
+    fitting = roofline.max_context(rank, device, batch, dtype, kv_dtype)
     fitting = min(fitting, spec.max_context) if spec.max_context else fitting
     shrunk = None  # too many users for this context: what they get at the context that does fit
     if batch > users and fitting > 0:
-        shorter = engine_decode(spec, device, batch, fitting, dtype, kv_dtype).time_s
+        shorter = decode(batch, fitting).time_s
         shrunk = {"context": fitting, "decode_step_s": shorter, "tokens_per_s": batch / shorter,
                   "per_user_tokens_per_s": 1 / shorter}  # fmt: skip
     speed = lambda value: value if weights_fit else None  # no speed for weights that do not fit
+    chunk = tp_step(spec, device, [(roofline.RESERVE_TOKENS, 0)], dtype, kv_dtype, tp, wire)
+    dominated = dominated_batches(spec, device, context, dtype, kv_dtype, tp, wire) if wire else None
     return {
         "model": spec.name,
         "gpu": device.name,
@@ -52,29 +72,42 @@ def plan(spec: ModelSpec, device: Device, dtype="bf16", kv_dtype="bf16", context
         "batch": batch,
         "params": spec.num_parameters,
         "model_max_context": spec.max_context,
-        "memory_bytes": device.memory_bytes,
+        "memory_bytes": device.memory_bytes,  # one card's (so are the weights, the reserve and the KV below)
         "usable_bytes": device.memory_bytes * 0.9,
         "weight_bytes": weights,
-        "activation_reserve_bytes": roofline.activation_reserve_bytes(spec, dtype),
-        "kv_bytes_per_token": roofline.kv_bytes_per_token(spec, kv_dtype),
-        "free_kv_bytes": max(0.0, roofline.free_kv_bytes(spec, device, dtype)),
+        "activation_reserve_bytes": roofline.activation_reserve_bytes(rank, dtype),
+        "kv_bytes_per_token": roofline.kv_bytes_per_token(rank, kv_dtype),
+        "free_kv_bytes": max(0.0, roofline.free_kv_bytes(rank, device, dtype)),
         "weights_fit": weights_fit,
         "max_users": users,
         "fits": batch <= users,
         "max_context_at_batch": fitting,
         "at_fitting_context": shrunk,
-        "decode_step_s": speed(step),
-        "tokens_per_s": speed(batch / step),
-        "per_user_tokens_per_s": speed(1 / step),
+        "decode_step_s": speed(step.time_s),
+        "tokens_per_s": speed(batch / step.time_s),
+        "per_user_tokens_per_s": speed(1 / step.time_s),
         "single_user_tokens_per_s": speed(1 / single),
-        "bound_step_s": speed(cost.time_s),  # the roofline's step: no real engine is faster
+        "bound_step_s": speed(cost.time_s + step.comm_s),  # the roofline's step: no real engine is faster
         # one user, if only the weights moved: all but the embedding table, which a step looks up
-        "bandwidth_ceiling_tokens_per_s": device.bandwidth / roofline.streamed_weight_bytes(spec, dtype),
+        "bandwidth_ceiling_tokens_per_s": device.bandwidth / roofline.streamed_weight_bytes(rank, dtype),
         "bound": cost.bound,
         "intensity": cost.intensity,
         "ridge_intensity": roofline.ridge_intensity(device, dtype),
-        "ridge_batch": roofline.ridge_batch(spec, device, 0, dtype, kv_dtype),
+        "ridge_batch": roofline.ridge_batch(rank, device, 0, dtype, kv_dtype),
         "efficiency": device.efficiency,
+        # tensor parallelism (tp = 1: one card, nothing sent)
+        "tp": tp,
+        "link": wire.name if wire else None,
+        "link_label": wire.label if wire else None,
+        "total_weight_bytes": roofline.weight_bytes(spec, dtype),
+        "allreduces_per_step": step.allreduces,
+        "allreduce_bytes_per_step": step.allreduce_bytes,
+        "comm_s": speed(step.comm_s),
+        "comm_share": step.comm_share,
+        # the same batch at every tp the model splits into, over the same link
+        "comm_share_by_tp": {t: decode_at(t).comm_share for t in tp_choices(spec)} if wire else None,
+        "comm_dominates": where_they_dominate(dominated) if wire else None,
+        "prefill_chunk_comm_share": chunk.comm_share,  # one prompt chunk of RESERVE_TOKENS tokens
     }
 
 
@@ -85,25 +118,30 @@ def n_users(n: int) -> str:
 def summary(p: dict) -> str:
     gib = lambda b: f"{b / GiB:.1f} GiB"
     kv_tokens = int(p["free_kv_bytes"] // p["kv_bytes_per_token"])
+    tp = p["tp"]
+    cards = f"{tp} x {p['gpu_label']}, tensor-parallel over {p['link_label']}" if tp > 1 else p["gpu_label"]
+    share = f" (1/{tp} of {gib(p['total_weight_bytes'])})" if tp > 1 else ""
     lines = [
-        f"{p['model']} ({p['params'] / 1e9:.2f} B parameters) on {p['gpu_label']}",
+        f"{p['model']} ({p['params'] / 1e9:.2f} B parameters) on {cards}",
         f"  weights {p['dtype']}, KV cache {p['kv_dtype']}",
-        f"  memory    {gib(p['memory_bytes'])} x 0.9 = {gib(p['usable_bytes'])}: weights {gib(p['weight_bytes'])}"
-        f" + activations {gib(p['activation_reserve_bytes'])} + KV {gib(p['free_kv_bytes'])} ({kv_tokens:,} tokens)",
+        f"  memory    {'per card: ' * (tp > 1)}{gib(p['memory_bytes'])} x 0.9 = {gib(p['usable_bytes'])}: weights "
+        f"{gib(p['weight_bytes'])}{share} + activations {gib(p['activation_reserve_bytes'])} + KV "
+        f"{gib(p['free_kv_bytes'])} ({kv_tokens:,} tokens)",
     ]
     if not p["weights_fit"]:
-        lines.append("  the weights alone do not fit: pick a bigger card, a smaller model or a smaller --dtype")
+        more = " or more cards (--tp)" if tp > 1 or p["total_weight_bytes"] > p["usable_bytes"] else ""
+        lines.append(f"  the weights alone do not fit: pick a bigger card{more}, a smaller model or a smaller --dtype")
         return "\n".join(lines)
     per_user = p["kv_bytes_per_token"] * p["context"]
     lines.append(
-        f"  KV        {p['kv_bytes_per_token'] / 1024:.0f} KiB per token: {per_user / 2**20:,.0f} MiB per user "
-        f"at {p['context']} tokens of context"
+        f"  KV        {p['kv_bytes_per_token'] / 1024:.0f} KiB per token{' per card' * (tp > 1)}: "
+        f"{per_user / 2**20:,.0f} MiB per user{' on each card' * (tp > 1)} at {p['context']} tokens of context"
     )
     lines.append(f"  users     {n_users(p['max_users'])} fit at {p['context']:,} tokens of context")
     if not p["fits"]:
         lines.append(
-            f"            {n_users(p['batch'])} need {gib(per_user * p['batch'])} of KV: they do not fit; "
-            "the speed below is what bandwidth would allow if they did"
+            f"            {n_users(p['batch'])} need {gib(per_user * p['batch'])} of KV{' per card' * (tp > 1)}: "
+            "they do not fit; the speed below is what bandwidth would allow if they did"
         )
         if p["at_fitting_context"]:
             s = p["at_fitting_context"]
@@ -123,4 +161,14 @@ def summary(p: dict) -> str:
         f"{p['ridge_intensity']:.0f}" + (f" (compute-bound from about batch {p['ridge_batch']:.0f} at short context)"
                                           if p["ridge_batch"] else ""),
     ]  # fmt: skip
+    if tp > 1:
+        by_tp = ", ".join(f"tp {t}: {x:.0%}" for t, x in p["comm_share_by_tp"].items())
+        lines += [
+            f"  all-reduce {p['allreduces_per_step']} per step (2 per layer, 1 after the embedding) and a gather of "
+            f"the logits: {p['allreduce_bytes_per_step'] / 2**20:,.1f} MiB sent by each card, "
+            f"{p['comm_s'] * 1e3:.2f} ms of the {p['decode_step_s'] * 1e3:.1f} ms step ({p['comm_share']:.0%})",
+            f"            share of a batch-{p['batch']} step by tp: {by_tp}",
+            f"            over half the step {p['comm_dominates']} (decode at {p['context']:,} tokens); a "
+            f"{roofline.RESERVE_TOKENS}-token prompt chunk: {p['prefill_chunk_comm_share']:.0%}",
+        ]
     return "\n".join(lines)

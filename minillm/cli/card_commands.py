@@ -22,7 +22,7 @@ def cmd_whatif(args: argparse.Namespace) -> None:
 
     check_dtypes(args.dtype, args.kv_dtype)
     spec, device = load_spec(args.model), get_device(args.gpu, args.device)
-    result = whatif.plan(spec, device, args.dtype, args.kv_dtype, args.context, args.batch)
+    result = whatif.plan(spec, device, args.dtype, args.kv_dtype, args.context, args.batch, args.tp, args.link)
     print(json.dumps(result) if args.json else whatif.summary(result))
 
 
@@ -44,6 +44,9 @@ def add_commands(sub) -> None:
     p.add_argument("--kv-dtype", default="bf16", help="KV cache: bf16, fp16 or fp8")
     p.add_argument("--context", type=int, default=4096, help="tokens of context per user")
     p.add_argument("--batch", type=int, default=1, help="users decoding together")
+    p.add_argument("--tp", type=int, default=1, help="cards the model is split over (tensor parallelism)")
+    p.add_argument("--link", default=None, help="between the cards: nvlink-4, nvlink-3, pcie-4 or pcie-5 "
+                   "(default: the card's own, e.g. NVLink on an H100 SXM, PCIe on an RTX 4090)")  # fmt: skip
     p.add_argument(
         "--validate",
         action="store_true",
