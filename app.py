@@ -41,12 +41,14 @@ def main() -> None:
     st.set_page_config(page_title="minillm: one GPU, many users", page_icon="🧮", layout="wide",
                        initial_sidebar_state="collapsed" if present else "auto")  # fmt: skip
     presenter.style()
-    title, switch = st.columns([5, 1.4], vertical_alignment="center")
-    if present:
-        title.markdown("**minillm: one GPU, many users**")
+    if present:  # the title and the toggle beside the tabs (the CSS lifts this bar there): the room's screen is short
+        bar = st.container(key="app-bar", horizontal=True, vertical_alignment="center", gap="medium", width="content")
+        bar.markdown("**minillm: one GPU, many users**")
+        presenter.toggle(bar)
     else:
+        title, switch = st.columns([5, 1.4], vertical_alignment="center")
         title.title("minillm: one GPU, many users")
-    presenter.toggle(switch)
+        presenter.toggle(switch)
     server = live_flag(sys.argv[1:])
     if server is not None:
         live.open_on(server)

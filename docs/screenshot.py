@@ -1,17 +1,25 @@
 """Screenshot the running app with headless chromium, driven over the DevTools protocol (localhost only).
 
     python docs/screenshot.py http://localhost:8599/?step=300 docs/app.png [--play SECONDS] [--view what-if]
-        [--size 1280,720] [--present] [--check-labels]
+        [--size 1280,720] [--present] [--press KEY ...] [--open LABEL] [--check-labels] [--check-layout [--kv]]
+        [--check-lettering [PX]]
 
 Waits until the app has drawn a frame (a plain --screenshot fires before the engine's first run
 is done), optionally presses play for a while, then saves the PNG (in at most 256 colours: a
 screenshot of flat colours and text loses nothing and shrinks several times). Prints the step
 caption before and after, so it doubles as a check that playback advances in a real browser.
+A page that is not a Streamlit app (a file:// page the tests build) is read once it has loaded.
 
---size sets the page's viewport exactly (a projector at 1280x720 shows a full-screen browser's page at
-that size). --check-labels prints every control, figure or metric label the browser had to cut (text
-wider than its box, hidden or ending in an ellipsis) and exits with status 1 if there is one; the test
-tests/test_presenter.py runs it when chromium is installed.
+--size sets the page's viewport exactly (a projector at 1280x720 shows a full-screen browser's page at that size).
+--press sends keys to the page (Space, ArrowRight, ...: what a presenter's clicker sends) and prints the caption after
+each; --open clicks the button (a popover) whose text starts with LABEL before the checks. Each check prints what it
+measured and makes the exit status 1 when it fails (tests/test_presenter.py runs them where chromium is installed):
+  --check-labels     every text the browser drew wider than its box (cut, ellipsized, or running into the next one),
+                     and every input (a select box's value) too narrow for its text
+  --check-layout     the step player's first screen: both seat charts start on it and each shows at least half the
+                     viewport's height, the step's event, the queue and the play button are on it (--kv: the KV map)
+  --check-lettering  every picture marked with its lettering (data-text-px): its letters on screen, scaled by the
+                     width the browser shows it at, are at least PX px (default 14 in --present, else 10)
 """
 
 from __future__ import annotations
@@ -41,33 +49,123 @@ CHROMIUM_FLAGS = [  # the flags this project's machines need (no network, no san
     "--no-first-run",
     "--hide-scrollbars",
 ]
-# the player's caption: "step 300 of 993" (the tiny model) or "12.5 s of 75.6 s (simulated)" (the what-if view)
+# the player's caption: "step 300 (of 996 steps: 0–995)" (the tiny model), "12.5 s of 75.6 s (simulated)" (what-if),
+# or the live view's "step 2,971 · the last 300 steps ..." ("engine idle for 5 s · ..." once the load has stopped)
 CAPTION_JS = (
-    "[...document.querySelectorAll('p')].map(p => p.innerText).find(t => /^(step \\d+|[\\d.]+ s) of/.test(t)) || ''"
+    "[...document.querySelectorAll('p')].map(p => p.innerText)"
+    ".find(t => /^(step \\d+ \\(of|[\\d.]+ s of|step [\\d,]+ · the last|engine idle)/.test(t)) || ''"
 )
 RUNNING_JS = "document.querySelector('[data-test-script-state]')?.dataset.testScriptState !== 'notRunning'"
+STREAMLIT_JS = "!!document.getElementById('root')"  # (a Streamlit page draws into #root; a plain page has none)
+LOADED_JS = "document.readyState === 'complete'"
 # a widget whose code has not loaded yet is drawn as a grey placeholder (a fresh browser profile loads each one once)
 LOADING_JS = "document.querySelectorAll('[data-testid=\"stSkeleton\"]').length"
 PLAY_JS = "[...document.querySelectorAll('button')].find(b => b.innerText.includes('play')).click()"
-# Text the browser cut: a label, a button's text, a select box's value, a figure's label, wider than the box that
-# clips it (overflow hidden or an ellipsis). Each as "text (needs N px, has M px)".
+OPEN_JS = (  # (the button's text: a popover's icon is a ligature's name, "info", before its label)
+    "(b => b ? (b.click(), true) : false)([...document.querySelectorAll('button')]"
+    ".find(b => b.innerText.replace(/^[a-z_]+\\n/, '').trim().startsWith(%s)))"
+)
+# What the browser drew wider than its box, whatever the element: each text's laid-out extent (a Range's rectangles,
+# the whole text even where an ellipsis or a clip hides its end) against the content box of the block it sits in (its
+# nearest ancestor that is not inline), and each text field's value (a select box shows its choice in an <input>,
+# which has no text node) measured in the field's own font against the field's inner width. Text in a box meant to
+# scroll sideways (a code block) and text a screen reader reads but nobody sees (boxes of 2 px or less) are left out.
+# Each as "text (needs N px, has M px)".
 CUT_LABELS_JS = """(() => {
   const cut = [];
-  const boxes = document.querySelectorAll(
-    'label, label *, button *, [data-baseweb="select"] *, [data-testid="stMetricLabel"] *, ' +
-    '[data-testid="stMetricValue"] *, [data-figure], [data-headline], [data-testid="stExpander"] summary *, ' +
-    '[data-testid="stTab"] *, [data-testid="stCaptionContainer"] *');
-  for (const el of boxes) {
-    const text = (el.innerText || '').trim();
-    if (!text || el.children.length > 1 || el.offsetParent === null || el.clientWidth <= 2) continue;  // (<= 2 px:
-    // text for screen readers only, hidden on purpose)
-    const style = getComputedStyle(el);
-    const clips = style.overflow !== 'visible' || style.overflowX !== 'visible' || style.textOverflow === 'ellipsis';
-    if (clips && el.scrollWidth > el.clientWidth + 1)
-      cut.push(`${text.slice(0, 60)} (needs ${el.scrollWidth} px, has ${el.clientWidth} px)`);
+  const px = v => parseFloat(v) || 0;
+  const inner = el => {
+    const r = el.getBoundingClientRect(), s = getComputedStyle(el);
+    const left = r.left + px(s.borderLeftWidth) + px(s.paddingLeft);
+    return {left, right: r.right - px(s.borderRightWidth) - px(s.paddingRight)};
+  };
+  const shown = el => el.getClientRects().length > 0 && getComputedStyle(el).visibility !== 'hidden';
+  const scrolls = el => {
+    for (let e = el; e && e !== document.body; e = e.parentElement)
+      if (['auto', 'scroll'].includes(getComputedStyle(e).overflowX) && e.tagName !== 'BODY' &&
+          e.scrollWidth > e.clientWidth + 1 && e.closest('pre, code, [data-testid="stCode"]')) return true;
+    return false;
+  };
+  const walker = document.createTreeWalker(document.body, NodeFilter.SHOW_TEXT);
+  for (let node = walker.nextNode(); node; node = walker.nextNode()) {
+    const text = node.textContent.trim();
+    const parent = node.parentElement;
+    if (!text || !parent || parent.closest('script, style, noscript, template') || !shown(parent)) continue;
+    let box = parent;
+    while (box.parentElement && ['inline', 'contents'].includes(getComputedStyle(box).display)) box = box.parentElement;
+    if (box.clientWidth <= 2 || scrolls(box)) continue;
+    const range = document.createRange();
+    range.selectNodeContents(node);
+    const rects = [...range.getClientRects()].filter(r => r.width > 0 && r.height > 0);
+    if (!rects.length) continue;
+    const left = Math.min(...rects.map(r => r.left)), right = Math.max(...rects.map(r => r.right));
+    const has = inner(box);
+    const needs = Math.ceil(right - left), room = Math.floor(has.right - has.left);
+    if (right > has.right + 1 || left < has.left - 1)
+      cut.push(`${text.slice(0, 60)} (needs ${needs} px, has ${room} px)`);
+  }
+  const context = document.createElement('canvas').getContext('2d');
+  for (const field of document.querySelectorAll('input:not([type]), input[type="text"], input[type="number"]')) {
+    if (!field.value || !shown(field) || field.clientWidth <= 2) continue;
+    const s = getComputedStyle(field);
+    context.font = `${s.fontStyle} ${s.fontWeight} ${s.fontSize} ${s.fontFamily}`;
+    const needs = Math.ceil(context.measureText(field.value).width);
+    const has = Math.floor(field.clientWidth - px(s.paddingLeft) - px(s.paddingRight));
+    if (needs > has + 1) cut.push(`${field.value.slice(0, 60)} (needs ${needs} px, has ${has} px)`);
   }
   return JSON.stringify([...new Set(cut)]);
 })()"""
+# Where things fall on the first screen: each picture's box and the painted picture in it (a contained picture can be
+# narrower or shorter than its box), its lettering scaled to the screen, and the boxes of the step's event, the queue,
+# the play button and the KV map.
+LAYOUT_JS = """(() => {
+  const box = el => { const r = el.getBoundingClientRect(); return {top: r.top, bottom: r.bottom, height: r.height}; };
+  const pictures = [...document.querySelectorAll('img')].filter(i => i.getClientRects().length).map(i => {
+    const r = i.getBoundingClientRect(), s = getComputedStyle(i);
+    let scale = Math.min(r.width / i.naturalWidth, r.height / i.naturalHeight);  // contain (and fill, near enough)
+    if (s.objectFit === 'none' || (s.objectFit === 'scale-down' && scale > 1)) scale = 1;
+    const shown = i.naturalHeight * scale, width = i.naturalWidth * scale;
+    const top = r.top + (r.height - shown) * (parseFloat(s.objectPosition.split(' ')[1]) || 0) / 100;
+    return {alt: i.alt, chart: i.hasAttribute('data-chart'), top, bottom: top + shown, height: shown, width,
+            drawn: i.naturalWidth, text_px: i.dataset.textPx ? parseFloat(i.dataset.textPx) * scale : null};
+  });
+  const first = sel => {
+    const e = document.querySelector(sel);
+    return e && e.getClientRects().length ? box(e) : null;
+  };
+  const play = [...document.querySelectorAll('button')].find(b => /^(play|pause)/.test(b.innerText.trim()));
+  return JSON.stringify({viewport: [innerWidth, innerHeight], pictures, event: first('[data-event]'),
+    queue: first('[data-queue]'), play: play ? box(play) : null,
+    kv: pictures.find(p => p.alt.startsWith('KV blocks')) || null});
+})()"""
+
+
+def layout_problems(layout: dict, kv: bool = False) -> list[str]:
+    """What --check-layout fails on (the step player in the presenter view): the seat charts must start on the first
+    screen and each show at least half its height; the step's event, the queue and the play button must be wholly
+    on it, and with kv the KV map too."""
+    height = layout["viewport"][1]
+    charts = [p for p in layout["pictures"] if p["chart"]]
+    problems = [] if charts else ["no seat chart on the page"]
+    for chart in charts:
+        visible = min(chart["bottom"], height) - max(chart["top"], 0)
+        if chart["top"] >= height or visible < height / 2:
+            shows = f"shows {max(visible, 0):.0f} px of a {height} px screen (top {chart['top']:.0f})"
+            problems.append(f"a seat chart {shows}")
+    wanted = {"the step's event": layout["event"], "the queue": layout["queue"], "the play button": layout["play"]}
+    if kv:
+        wanted["the KV map"] = layout["kv"]
+    for what, where in wanted.items():
+        if where is None or where["top"] < 0 or where["bottom"] > height + 0.5:
+            problems.append(f"{what} is not on the first screen ({where and round(where['top'])} to "
+                            f"{where and round(where['bottom'])} of {height} px)")  # fmt: skip
+    return problems
+
+
+def lettering_problems(layout: dict, goal: float) -> list[str]:
+    return [f"{p['alt'] or 'a picture'}: lettering {p['text_px']:.1f} px on screen (drawn {p['drawn']} px wide, shown "
+            f"{p['width']:.0f}), under {goal:g}" for p in layout["pictures"]
+            if p["text_px"] is not None and p["text_px"] < goal - 0.05]  # fmt: skip
 
 
 class DevTools:
@@ -97,10 +195,15 @@ def page_socket(port: int) -> str:
 
 
 def small_png(png: bytes) -> bytes:
-    """The screenshot in at most 256 colours (flat colours and text: nothing visible is lost)."""
-    image = Image.open(io.BytesIO(png)).convert("RGB").quantize(colors=256, method=Image.Quantize.MEDIANCUT)
+    """The screenshot in at most 256 colours: its 256 commonest, exactly (the flat colours of swatches, charts and
+    chips; a median cut once painted prefill's orange swatch as a chip's yellow), the rest (text's anti-aliasing)
+    mapped to the nearest of them."""
+    image = Image.open(io.BytesIO(png)).convert("RGB")
+    common = sorted(image.getcolors(image.width * image.height), reverse=True)[:256]
+    palette = Image.new("P", (1, 1))
+    palette.putpalette([channel for _, color in common for channel in color])
     buffer = io.BytesIO()
-    image.save(buffer, "PNG", optimize=True)
+    image.quantize(palette=palette, dither=Image.Dither.NONE).save(buffer, "PNG", optimize=True)
     return buffer.getvalue()
 
 
@@ -115,6 +218,9 @@ async def open_page(tools: DevTools, url: str, size: str) -> None:
     while not caption and time.time() < deadline:  # the first visit waits for the engine runs
         await asyncio.sleep(0.5)
         caption = await tools.evaluate(CAPTION_JS)
+        if not caption and await tools.evaluate(LOADED_JS) and not await tools.evaluate(STREAMLIT_JS):
+            print("a plain page, loaded")
+            return
     print(f"drawn after {time.time() - began:.1f} s:", caption or "nothing (timed out)")
     while await tools.evaluate(RUNNING_JS):  # a click while the first run finishes would be lost
         await asyncio.sleep(0.3)
@@ -125,35 +231,70 @@ async def open_page(tools: DevTools, url: str, size: str) -> None:
     await asyncio.sleep(1.5)  # let the last fragments and images land
 
 
-async def screenshot(url: str, out: str | None, play: float, port: int, size: str, check_labels: bool) -> int:
+KEYS = {"Space": (" ", 32), "ArrowRight": ("ArrowRight", 39), "ArrowLeft": ("ArrowLeft", 37), "Home": ("Home", 36)}
+
+
+async def press(tools: DevTools, name: str) -> None:
+    """One key, pressed and released, on the page (nothing focused: a clicker's key goes to the page)."""
+    key, code = KEYS[name]
+    await tools.evaluate("document.activeElement && document.activeElement.blur()")
+    for kind in ("keyDown", "keyUp"):
+        text = " " if name == "Space" and kind == "keyDown" else ""
+        await tools.call("Input.dispatchKeyEvent", type=kind, key=key, code=name, windowsVirtualKeyCode=code,
+                         nativeVirtualKeyCode=code, text=text)  # fmt: skip
+
+
+async def screenshot(url: str, out: str | None, args) -> int:
     if shutil.which("chromium") is None:
         raise SystemExit("no chromium here: apt-get install -y chromium (Debian), or your system's package")
     profile = tempfile.mkdtemp(prefix="minillm-chromium-")  # a fresh, empty profile every time
     browser = subprocess.Popen(
-        ["chromium", *CHROMIUM_FLAGS, f"--user-data-dir={profile}", f"--window-size={size}",
-         f"--remote-debugging-port={port}", "about:blank"],
+        ["chromium", *CHROMIUM_FLAGS, f"--user-data-dir={profile}", f"--window-size={args.size}",
+         f"--remote-debugging-port={args.port}", "about:blank"],
         stdout=subprocess.DEVNULL,
         stderr=subprocess.DEVNULL,
     )  # fmt: skip
     try:
-        tools = DevTools(await websocket_connect(page_socket(port), max_message_size=64 * 2**20))
-        await open_page(tools, url, size)
-        if play:
+        tools = DevTools(await websocket_connect(page_socket(args.port), max_message_size=64 * 2**20))
+        await open_page(tools, url, args.size)
+        if args.play:
             await tools.evaluate(PLAY_JS)
-            for _ in range(int(play)):  # the caption is blank for a moment while a frame redraws
+            for _ in range(int(args.play)):  # the caption is blank for a moment while a frame redraws
                 await asyncio.sleep(1)
                 print("playing:", await tools.evaluate(CAPTION_JS))
             await asyncio.sleep(1.0)
-        status = 0
-        if check_labels:
+        for key in args.press:
+            await press(tools, key)
+            await asyncio.sleep(1.5)
+            print(f"after {key}:", await tools.evaluate(CAPTION_JS))
+        if args.open:
+            opened = await tools.evaluate(OPEN_JS % json.dumps(args.open))
+            print(f"opened {args.open!r}" if opened else f"no button {args.open!r} to open")
+            await asyncio.sleep(1.0)
+        problems = []
+        if args.check_labels:
             cut = json.loads(await tools.evaluate(CUT_LABELS_JS))
-            print(f"{len(cut)} cut label(s) at {size}" + "".join(f"\n  {c}" for c in cut))
-            status = 1 if cut else 0
+            print(f"{len(cut)} cut label(s) at {args.size}" + "".join(f"\n  {c}" for c in cut))
+            problems += cut
+        if args.check_layout or args.check_lettering is not None:
+            layout = json.loads(await tools.evaluate(LAYOUT_JS))
+            for picture in layout["pictures"]:
+                lettering = "" if picture["text_px"] is None else f", lettering {picture['text_px']:.1f} px"
+                print(f"picture {picture['alt'][:40]!r}: top {picture['top']:.0f}, height {picture['height']:.0f}, "
+                      f"width {picture['width']:.0f} (drawn {picture['drawn']}){lettering}")  # fmt: skip
+            found = []
+            if args.check_layout:
+                found += layout_problems(layout, args.kv)
+            if args.check_lettering is not None:
+                goal = args.check_lettering or (14 if args.present else 10)
+                found += lettering_problems(layout, goal)
+            print(f"{len(found)} layout problem(s) at {args.size}" + "".join(f"\n  {f}" for f in found))
+            problems += found
         if out:
             shot = await tools.call("Page.captureScreenshot", format="png")
             with open(out, "wb") as f:
                 f.write(small_png(base64.b64decode(shot["data"])))
-        return status
+        return 1 if problems else 0
     finally:
         browser.terminate()
         browser.wait()
@@ -163,16 +304,29 @@ async def screenshot(url: str, out: str | None, play: float, port: int, size: st
 if __name__ == "__main__":
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("url")
-    parser.add_argument("out", nargs="?", default=None, help="the PNG to write (none: only --check-labels)")
+    parser.add_argument("out", nargs="?", default=None, help="the PNG to write (none: only the checks)")
     parser.add_argument("--play", type=float, default=0, help="seconds to play before the screenshot")
     parser.add_argument("--port", type=int, default=9333, help="chromium's DevTools port")
     parser.add_argument("--size", default="1600,1000", help="the page's viewport, width,height")
     parser.add_argument("--view", default=None, help="the tab to open, e.g. what-if (default: the step player)")
     parser.add_argument("--present", action="store_true", help="the presenter view (?present=1)")
-    parser.add_argument("--check-labels", action="store_true", help="list the labels the browser cut; exit 1 if any")
+    parser.add_argument("--press", action="append", default=[], choices=list(KEYS), help="a key to press (repeat)")
+    parser.add_argument("--open", default=None, help="click the button whose text starts with this (a popover)")
+    parser.add_argument("--check-labels", action="store_true", help="list the texts the browser cut; exit 1 if any")
+    parser.add_argument("--check-layout", action="store_true", help="the step player's first screen (docstring)")
+    parser.add_argument("--kv", action="store_true", help="with --check-layout: the KV map on the first screen too")
+    parser.add_argument(
+        "--check-lettering",
+        type=float,
+        nargs="?",
+        const=0,
+        default=None,
+        metavar="PX",
+        help="pictures' lettering on screen at least PX px (default 14 presenter, 10 normal)",
+    )
     args = parser.parse_args()
     url = args.url
     for flag, value in (("view", args.view), ("present", "1" if args.present else None)):
         if value:
             url += ("&" if "?" in url else "?") + f"{flag}={value}"
-    raise SystemExit(asyncio.run(screenshot(url, args.out, args.play, args.port, args.size, args.check_labels)))
+    raise SystemExit(asyncio.run(screenshot(url, args.out, args)))

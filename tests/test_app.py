@@ -7,6 +7,7 @@ Engine runs are cached in-process, so only the first test that needs a configura
 
 import json
 import re
+import resource
 import socket
 import sys
 import threading
@@ -29,8 +30,10 @@ from minillm.runs import trace_file
 from minillm.serving.server import ServerThread, build_loop
 from minillm.serving.trace_window import window
 from tests.conftest import random_model
+from viz.app import step_player, trace_store
 from viz.app.live import DEFAULT_URL, ServerError, server_url
-from viz.app.step_player import NOT_IMPLEMENTED, load_uploaded_trace
+from viz.app.step_player import NOT_IMPLEMENTED
+from viz.app.trace_files import load_uploaded_trace
 from viz.live_window import LiveWindow
 
 
@@ -66,10 +69,27 @@ def headline_values(at: AppTest) -> dict[str, str]:
     return dict(re.findall(r'data-headline="([^"]*)"[^>]*>([^<]*)<', headline(at)))
 
 
+def pictures(at: AppTest) -> list[str]:
+    """The alt text of every inline picture but the seat charts and KV maps (the what-if view's card pictures)."""
+    alts = [
+        a for m in at.markdown for a in re.findall(r'<img src="data:image/png;base64,[^"]*" alt="([^"]*)"', m.value)
+    ]
+    return [a for a in alts if not a.startswith(("who sits", "KV blocks"))]
+
+
 def figure(at: AppTest, label: str) -> list[str]:
     """The value of a figure (viz.html.figures_html) in each panel, left to right."""
     pattern = f'data-figure="{re.escape(label)}">([^<]*)<'
     return [m for md in at.markdown for m in re.findall(pattern, md.value)]
+
+
+@pytest.fixture(scope="module", autouse=True)
+def no_trace_store():
+    """Runs stay in this process: nothing read from or written to the user's cache, no worker started (the tests of
+    trace_store.py below give it a folder of their own)."""
+    with pytest.MonkeyPatch.context() as patch:
+        patch.setenv("MINILLM_APP_TRACES", "off")
+        yield
 
 
 @pytest.fixture(scope="module", autouse=True)
@@ -181,7 +201,7 @@ def test_speculation_draws_each_steps_guesses_in_the_chat():
     assert not at.exception and not at.error
     chat = next(m.value for m in at.markdown if "data-chat" in m.value)
     assert "guesses the model kept" in chat and "data-kept" in chat  # the legend, and a reply with its guesses
-    assert int(figure(at, "tokens this step")[0]) > 4  # 4 users, several tokens each in one step
+    assert int(figure(at, "new tokens")[0]) > 4  # 4 users, several tokens each in one step
 
 
 def test_switching_workload_shows_its_knobs():
@@ -243,7 +263,7 @@ def test_my_scheduler_is_loaded_fresh_from_the_exercise_file(tmp_path, monkeypat
 
 def test_exports_are_a_trace_file_and_a_png(tiny_trace):
     from viz import plot_occupancy
-    from viz.app.step_player import figure_png
+    from viz.app.trace_files import figure_png
 
     assert figure_png(plot_occupancy(tiny_trace))[:4] == b"\x89PNG"
     assert trace_file.loads(json.dumps(tiny_trace.to_dict())).steps == tiny_trace.steps
@@ -257,7 +277,9 @@ def test_token_budget_bar_and_shared_blocks_with_prefix_caching():
     assert "64 of a 64-token budget" in text and "64 prefill" in text  # step 0: a long prompt's first chunk
     assert "shared by n requests" in text  # the KV legend, with prefix caching
     shared = []
-    last = int(next(c.value for c in at.caption if c.value.startswith("step ")).split()[3])
+    last = int(
+        re.search(r"steps: 0–(\d+)\)", next(c.value for c in at.caption if c.value.startswith("step "))).group(1)
+    )
     for step in range(2, last + 1, 3):  # later users take the first one's cached blocks for a few steps
         at.slider(key="step").set_value(step).run()
         found = re.search(r"; (\d+) shared by several requests", " ".join(m.value for m in at.markdown))
@@ -283,7 +305,11 @@ def test_what_if_prices_the_card_and_plays_a_simulated_crowd():
     values = headline_values(at)
     assert values["users that fit"] == str(users)
     assert values["tokens/s each"] == f"{whatif.plan(spec, card, batch=users)['per_user_tokens_per_s']:,.1f}"
-    assert len(at.get("image")) == 3  # memory split, users against context, speed against batch
+    assert pictures(at) == [
+        "where the card's memory goes",
+        "users that fit against context",
+        "decode speed against batch",
+    ]
     assert subheaders(at)[-2:] == ["static batching", "continuous batching"]
     table = crowd_line(at)
     assert "| **continuous batching** |" in table and "TPOT p99" in table
@@ -366,7 +392,7 @@ def test_what_if_says_when_no_user_fits_and_shows_no_speed(state, why):
     assert not at.exception
     assert headline_values(at) == {"users that fit": "0"}  # no tokens/s beside it
     assert why in headline(at) and any("No decode speed" in i.value for i in at.info)
-    assert len(at.get("image")) == 2  # the memory split and users against context; no speed against batch
+    assert pictures(at) == ["where the card's memory goes", "users that fit against context"]  # no speed
     assert "static batching" not in subheaders(at)  # nothing to simulate
 
 
@@ -587,3 +613,70 @@ def test_what_if_shows_this_machine_measured(tmp_path, monkeypatch):
     at = open_app(view="what-if", wi_card="this-machine", wi_model="minillm-tiny", wi_context=512)
     assert not at.exception
     assert not any("No measured steps yet" in e.value for e in at.info)
+
+
+# --- the step player's runs on disk, and the worker that runs them ahead (trace_store.py) ----------------------------
+TINY_RUN = {"workload": "bursty", "knobs": {"requests": 4, "rate": 0.5, "mean_reply": 8, "spread": 0.0}, "seed": 0,
+            "slots": 2, "kv": "paged", "block_size": 16, "num_blocks": None, "token_budget": 256,
+            "prefix_caching": False, "speculate": 0}  # fmt: skip
+
+
+def test_runs_are_kept_on_disk_under_the_code_that_made_them(shipped_model, tmp_path, monkeypatch):
+    monkeypatch.setenv("MINILLM_APP_TRACES", str(tmp_path))
+    job = ("continuous", TINY_RUN, "cpu")
+    assert trace_store.load(job) is None
+    trace = trace_store.run(job, shipped_model)
+    trace_store.save(job, trace)
+    assert trace_store.load(job).to_dict() == trace.to_dict()
+    assert trace_store.load(("static", TINY_RUN, "cpu")) is None  # another policy, another run
+    monkeypatch.setattr(trace_store, "fingerprint", lambda: "other-code")  # an edited engine: its own runs
+    assert trace_store.load(job) is None
+    monkeypatch.setenv("MINILLM_APP_TRACES", "off")
+    assert trace_store.root() is None and trace_store.load(job) is None
+
+
+def test_the_worker_runs_what_it_is_asked_in_a_process_of_its_own(tmp_path, monkeypatch):
+    """warm() starts `python -m viz.app.trace_store` (lowest priority); it runs the queue and leaves the runs on disk;
+    runs already there are not asked for again."""
+    monkeypatch.setenv("MINILLM_APP_TRACES", str(tmp_path))
+    monkeypatch.setenv("MINILLM_APP_WARM", "1")
+    jobs = [("static", TINY_RUN, "cpu"), ("continuous", TINY_RUN | {"slots": 1}, "cpu")]
+    trace_store.warm(jobs)
+    deadline = time.monotonic() + 120
+    while not all(trace_store.path_of(job).is_file() for job in jobs):
+        assert time.monotonic() < deadline, "the worker made no runs in 2 minutes"
+        time.sleep(0.2)
+    trace_store._worker.wait(30)  # (its queue done, it stops)
+    assert [trace_store.load(job).config["scheduler"] for job in jobs] == ["static", "continuous"]
+    assert trace_store.work(trace_store.folder()) == 0  # nothing left to run
+
+
+def test_nearby_settings_are_one_change_away():
+    settings = dict(TINY_RUN, workload="seed-story", knobs=None, slots=4)
+    near = step_player.nearby(settings)
+    changed = [{k for k in settings if s[k] != settings[k]} for s in near]
+    assert changed[0] == {"kv"} and near[0]["kv"] == "contiguous"
+    assert [s["slots"] for s in near[1:3]] == [3, 5]  # one seat fewer, one more
+    assert {s["workload"] for s in near[3:7]} == {"chat", "bursty", "system-prompt", "long-prompts"}
+    assert sorted(s["slots"] for s, what in zip(near, changed) if what == {"slots"}) == [1, 2, 3, *range(5, 17)]
+    assert len({json.dumps(s, sort_keys=True) for s in near}) == len(near)  # (no run asked for twice)
+
+
+def test_a_settings_change_the_worker_has_run_is_a_read(shipped_model, tmp_path, monkeypatch):
+    """Issue 34: a change of seats took 9 s on 2 cores (both policies run). The app asks the worker for the runs
+    one change away; once it has made them, the change reads them from disk: under 3 s of CPU here (0.2 s measured,
+    2026-12, on a 2-core machine shared with other work)."""
+    monkeypatch.setenv("MINILLM_APP_TRACES", str(tmp_path))
+    asked = []
+    monkeypatch.setattr(trace_store, "warm", asked.extend)  # what the app asks the worker for (not started here)
+    at = open_app()
+    five = [job for job in asked if job[1]["slots"] == 5 and job[1]["workload"] == "seed-story"]
+    assert {scheduler for scheduler, _, _ in five} == {"static", "continuous"} and len(five) == 2
+    for job in five:  # what the worker does
+        trace_store.save(job, trace_store.run(job, shipped_model))
+    began = resource.getrusage(resource.RUSAGE_SELF)
+    at.slider(key="slots-True").set_value(5).run()
+    ended = resource.getrusage(resource.RUSAGE_SELF)
+    cpu_s = ended.ru_utime + ended.ru_stime - began.ru_utime - began.ru_stime
+    assert not at.exception and any("of 5 seats" in m.value for m in at.markdown)  # (drawn: 5 seats)
+    assert cpu_s < 3.0, f"changing seats took {cpu_s:.1f} s of CPU"

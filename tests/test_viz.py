@@ -50,10 +50,38 @@ from viz import (
     tokens_produced,
     users_by_context,
 )
-from viz.colors import CACHED_FREE_BLOCK, DECODE, HELD, PREFILL, STATE_CODES, STATE_RGB, rgb255
-from viz.html import figures_html, replies_html, token_budget_html
+from viz.card import smallest_text_pt
+from viz.colors import (
+    CACHED_FREE_BLOCK,
+    DECODE,
+    EMPTY,
+    FREE_BLOCK,
+    HELD,
+    PREFILL,
+    REQUEST_PALETTE,
+    STALLED,
+    STATE_CODES,
+    STATE_COLORS,
+    STATE_RGB,
+    rgb255,
+    text_on,
+)
+from viz.events import StepEvents, describe, step_events
+from viz.html import (
+    FIGURE_VALUE_EM,
+    chip,
+    event_html,
+    figure_min_em,
+    figures_html,
+    headline_html,
+    queue_html,
+    replies_html,
+    text_em,
+    token_budget_html,
+)
+from viz.live_window import live_player
 from viz.occupancy import seat_runs
-from viz.raster import TOP, OccupancyRaster
+from viz.raster import TOP, OccupancyRaster, font
 from viz.replies import RequestStatuses
 
 
@@ -440,8 +468,9 @@ def test_the_roofline_picture_puts_decode_steps_under_the_roof():
 
 
 def test_budget_bar_and_figures_html():
-    over = token_budget_html(TokenSplit(decode=3, prefill=4, padding=2), budget=7, scale=9)
+    over = token_budget_html(TokenSplit(decode=3, prefill=4, padding=2), budget=7, scale=9, made=4)
     assert "7 of a 7-token budget, and 2 padding rows" in over and "border-left" in over  # the budget marked
+    assert "; 4 new tokens came out" in over  # beside the figure "new tokens": computed and made, both said
     assert "3 decode" in over and "4 prefill" in over and "2 padding" in over
     assert "no token budget" in token_budget_html(TokenSplit(1, 0, 0), budget=None, scale=5)
     html = figures_html([("TTFT p50, steps", "151", "4 still waiting", "tip")])
@@ -521,3 +550,132 @@ def test_a_speculative_step_draws_kept_and_rejected_guesses():
             kept_and_rejected += bool(n and draft[n:])
     assert drawn and kept_and_rejected, "the run meant to show steps with guesses kept and rejected"
     assert max(entry[4] for s in trace.steps for entry in s.seats) > 1  # several tokens in one step
+
+
+# --- what happened in a step, in words (events.py) ------------------------------------------------------------------
+def events_by_loop(trace, step: int) -> dict:
+    """step_events by a plain loop over the seats: who left which seat, who came, who became held."""
+    now = {slot_no: slot for slot_no, slot in enumerate(trace.steps[step].slots) if slot}
+    before = {slot_no: slot for slot_no, slot in enumerate(trace.steps[step - 1].slots) if slot} if step else {}
+    return {
+        "freed": sorted(s for s, slot in before.items() if s not in now or now[s]["id"] != slot["id"]),
+        "admitted": sorted((slot["id"], s) for s, slot in now.items() if slot["id"] in trace.steps[step].admitted),
+        "held": sorted(
+            (slot["id"], s)
+            for s, slot in now.items()
+            if slot["state"] == "held" and (s not in before or before[s]["state"] != "held")
+        ),  # fmt: skip
+    }
+
+
+@pytest.mark.parametrize("name", ALL)
+def test_step_events_follow_the_records(traces, name):
+    trace = traces[name]
+    for step, record in enumerate(trace.steps):
+        events, expected = step_events(trace, step), events_by_loop(trace, step)
+        assert events.freed == expected["freed"] and sorted(events.admitted) == expected["admitted"]
+        assert sorted(events.held) == expected["held"]
+        assert events.finished == record.finished and events.preempted == record.preempted
+        assert {rid for rid, _ in events.admitted} == set(record.admitted)  # everyone admitted got a seat
+        line = describe(events, running=3)
+        assert all(rid in line for rid in record.finished[:4] + record.preempted[:4])
+        assert (line.startswith("no change")) == events.quiet
+
+
+def test_step_events_tell_the_seed_storys_moments(traces):
+    static, continuous, preempting = traces["static"], traces["continuous"], traces["preempting"]
+    assert describe(step_events(static, 0)) == "q0 and q1 admitted (seats 0–1)"  # (the rest arrive later)
+    batch_end = next(t for t in range(1, len(static.steps)) if len(step_events(static, t).freed) > 1)
+    batch = [seat for seat, slot in enumerate(static.steps[batch_end - 1].slots) if slot]
+    assert step_events(static, batch_end).freed == batch  # the whole batch leaves at once
+    assert describe(step_events(static, batch_end)).startswith(f"seats {batch[0]}–{batch[-1]} freed, ")
+    held = next(t for t in range(len(static.steps)) if step_events(static, t).held)
+    assert "held idle until the batch is done" in describe(step_events(static, held))
+    assert not any(step_events(continuous, t).held for t in range(len(continuous.steps)))  # continuous never holds
+    handover = next(t for t in range(1, len(continuous.steps))
+                    if step_events(continuous, t).freed and step_events(continuous, t).admitted)  # fmt: skip
+    events = step_events(continuous, handover)
+    if [s for _, s in events.admitted] == events.freed:  # the seat freed is the seat taken: said once
+        assert describe(events) == f"seat {events.freed[0]} freed, {events.admitted[0][0]} admitted"
+    preempted = next(t for t in range(len(preempting.steps)) if preempting.steps[t].preempted)
+    assert "preempted (back to the queue)" in describe(step_events(preempting, preempted))
+
+
+def test_describe_counts_what_it_does_not_name():
+    many = StepEvents(7, freed=[1, 4, 6], admitted=[(f"r{i}", i) for i in range(6)], finished=[], preempted=[],
+                      held=[])  # fmt: skip
+    assert describe(many) == "seats 1, 4 and 6 freed, r0, r1, r2, r3 and 2 more admitted (seats 0–5)"
+    assert describe(StepEvents(0, [], [], [], [], []), running=1) == "no change: 1 seat at work"
+    assert "data-event" in event_html(7, "E & F") and "E &amp; F" in event_html(7, "E & F")
+
+
+def test_the_player_says_what_happened_each_step(traces):
+    player = TracePlayer(traces["continuous"], 600)
+    for step in range(len(traces["continuous"].steps)):
+        frame = player.frame(step)
+        assert frame.event == describe(step_events(traces["continuous"], step), frame.metrics["busy_seats"])
+
+
+# --- pictures a room can read -----------------------------------------------------------------------------------------
+def test_a_chart_drawn_to_a_height_and_its_lettering(traces):
+    """The presenter view draws its seat charts to a height (half a 720 px screen) and its names and ticks no smaller
+    than text_px; a run's ids inside the seats only where they fit at that size."""
+    raster = OccupancyRaster(traces["static"], 610, text_px=20, height=372)
+    assert raster.frame(5).size == (610, 372 - (372 - TOP - raster.bottom) % 3)  # (whole rows of 3 seats)
+    assert raster.font is None or raster.font.size >= 20
+    thin = OccupancyRaster(traces["static"], 610, text_px=20, height=60)  # rows too thin for a 20 px id
+    assert thin.font is None
+
+
+def test_a_live_windows_axis_counts_the_servers_steps(traces):
+    """A window of steps 726-... is labelled 726-..., not 0-300 (its caption and its axis agree)."""
+    trace = traces["continuous"]
+    window = type(trace)(trace.config | {"first_step": 726}, trace.requests, trace.steps)
+    labels = [int(label.replace(",", "")) for _, label in live_player(window, 300).occupancy.ticks()]
+    assert labels and all(726 <= v < 726 + 300 for v in labels) and labels == sorted(labels)
+    step = np.diff(labels)[0] if len(labels) > 1 else 1
+    assert all(v % step == 0 for v in labels)  # round numbers
+    assert [label for _, label in OccupancyRaster(trace, 600).ticks()][0] == "0"
+    raster = live_player(window, 300, 1100, text_px=14).occupancy
+    edge = raster.left + raster.plot_w + 12
+    assert all(x + font(14).getlength(label) / 2 <= edge for x, label in raster.ticks())  # none cut at the edge
+
+
+def test_simulated_ticks_are_seconds_and_several(simulated):
+    ticks = OccupancyRaster(simulated["static"], 610, axis_seconds=53.6, text_px=20).ticks()
+    assert len(ticks) >= 3 and all(label.endswith(" s") for _, label in ticks)  # (once: "0 s", "50 s" only)
+
+
+def test_colours_a_room_can_tell_apart():
+    """Held seats stood out from empty ones on a laptop, not on a projector (pink on grey); requests A and B wore
+    decode's blue and prefill's orange beside the seat chart."""
+    distance = lambda a, b: float(np.linalg.norm(rgb255(a).astype(float) - rgb255(b).astype(float)))
+    states = [STATE_COLORS[k] for k in (EMPTY, PREFILL, DECODE, HELD, STALLED)]
+    assert min(distance(a, b) for i, a in enumerate(states) for b in states[i + 1 :]) >= 75
+    assert distance(STATE_COLORS[HELD], STATE_COLORS[EMPTY]) >= 120  # (the pale red was 81 from the grey)
+    others = states + [FREE_BLOCK, CACHED_FREE_BLOCK, "#555555", "#d5d5d5"]  # (and the KV map's stored, reserved)
+    assert min(distance(c, o) for c in REQUEST_PALETTE for o in others) >= 75
+    assert min(distance(a, b) for i, a in enumerate(REQUEST_PALETTE) for b in REQUEST_PALETTE[i + 1 :]) >= 60
+    assert text_on("#ffd92f") == "#111111" and text_on("#d62728") == "#ffffff"  # a chip's id reads on its colour
+
+
+def test_figures_never_run_into_each_other():
+    """Each cell is at least as wide as the longest value (once "100%100%4"), and cells wrap onto a second row."""
+    html = figures_html([("busy now", "100%", "", ""), ("busy so far", "100%", "", ""), ("waiting", "4", "", "")])
+    assert f"repeat(auto-fit, minmax({figure_min_em(['100%', '100%', '4'])}em, 1fr))" in html
+    assert figure_min_em(["100%"]) >= text_em("100%") * FIGURE_VALUE_EM > 4 * 0.5 * FIGURE_VALUE_EM
+    assert figure_min_em(["12 of 16"]) > figure_min_em(["100%"])
+
+
+def test_chips_and_headlines_for_a_projector():
+    assert "white-space:nowrap" in chip("r17", "#2ca02c")  # never "r1" / "7"
+    assert queue_html(["a"], {"a": "#2ca02c"}).startswith("<div data-queue>")
+    line = headline_html("Seats busy, whole run:", [("static", "51%"), ("continuous", "99%")], one_line=True)
+    assert "font-size:2.2rem" in line and line.count("data-headline") == 2 and '<div style="font-size:0.9' not in line
+
+
+def test_smallest_text_of_a_figure():
+    fig = plot_users_by_context(load_spec("llama-3.1-8b"), get_device("rtx-4090"), 4096)
+    sizes = [t.get_fontsize() for t in fig.findobj(lambda a: hasattr(a, "get_fontsize") and a.get_text().strip()
+                                                  if hasattr(a, "get_text") else False)]  # fmt: skip
+    assert smallest_text_pt(fig) == min(sizes) and 5 <= smallest_text_pt(fig) <= 12

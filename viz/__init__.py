@@ -15,6 +15,7 @@ from viz.card import (
     users_by_context,
 )
 from viz.colors import STATE_COLORS, request_colors
+from viz.events import StepEvents, describe, step_events
 from viz.kv_blocks import kv_block_fill, kv_block_owners, kv_block_refs, kv_blocks_rgb, kv_memory, plot_kv_blocks
 from viz.occupancy import occupancy_grid, occupancy_labels, plot_occupancy
 from viz.player import Frame, Timeline, TracePlayer
@@ -26,9 +27,11 @@ __all__ = [
     "STATE_COLORS",
     "Frame",
     "RunProgress",
+    "StepEvents",
     "Timeline",
     "TokenSplit",
     "TracePlayer",
+    "describe",
     "kv_block_fill",
     "kv_block_owners",
     "kv_block_refs",
@@ -49,6 +52,7 @@ __all__ = [
     "running_utilization",
     "speed_by_batch",
     "status_at_step",
+    "step_events",
     "text_at_step",
     "token_split",
     "token_splits",

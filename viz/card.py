@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import numpy as np
 from matplotlib.figure import Figure
+from matplotlib.text import Text
 from matplotlib.ticker import NullFormatter
 
 from minillm.card import roofline
@@ -179,3 +180,11 @@ def _log_axes(ax, tokens: bool = False) -> None:
     ax.yaxis.set_major_formatter(lambda v, _: _plain(v))
     for axis in (ax.xaxis, ax.yaxis):
         axis.set_minor_formatter(NullFormatter())
+
+
+def smallest_text_pt(fig: Figure) -> float:
+    """The smallest lettering on a drawn figure (ticks, legend, labels, annotations), in points: at `dpi` it is
+    pt x dpi / 72 pixels of the PNG, and the browser scales those by the width it shows the picture at."""
+    fig.canvas.draw()  # (tick labels exist once drawn)
+    sizes = [t.get_fontsize() for t in fig.findobj(Text) if t.get_visible() and t.get_text().strip()]
+    return min(sizes, default=0.0)

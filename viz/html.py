@@ -5,7 +5,18 @@ from __future__ import annotations
 from html import escape
 
 from viz.budget import TokenSplit
-from viz.colors import CACHED_FREE_BLOCK, DECODE, EMPTY, FREE_BLOCK, HELD, PREFILL, STALLED, STATE_COLORS, STATE_NAMES
+from viz.colors import (
+    CACHED_FREE_BLOCK,
+    DECODE,
+    EMPTY,
+    FREE_BLOCK,
+    HELD,
+    PREFILL,
+    STALLED,
+    STATE_COLORS,
+    STATE_NAMES,
+    text_on,
+)
 
 REPLY_TAIL = 180  # characters of a long reply kept on screen: the end is where the typing happens
 STATUS_COLORS = {"running": "#0072b2", "held": "#b03030", "waiting": "#777777", "preempted": "#d55e00"}
@@ -60,25 +71,29 @@ def bar_block(head: str, parts: list[tuple[str, float, str]], total: float, extr
     words = [f"{swatch(color)}{amount:,} {label}" for label, amount, color in parts if amount]
     words += [extra] if extra else []
     legend = f"<span style='font-size:0.85em'>{' &nbsp; '.join(words)}</span>"
-    return f"<div>{head}{stacked_bar(parts, total, mark)}{legend}</div>"
+    # (margin: st.markdown pulls what follows up by 1 rem, for a paragraph's margin this block does not have)
+    return f'<div style="margin-bottom:1rem">{head}{stacked_bar(parts, total, mark)}{legend}</div>'
 
 
 TOKEN_COLORS = {"decode": STATE_COLORS[DECODE], "prefill": STATE_COLORS[PREFILL], "padding": STATE_COLORS[HELD]}
 
 
-def token_budget_html(split: TokenSplit, budget: int | None, scale: int) -> str:
+def token_budget_html(split: TokenSplit, budget: int | None, scale: int, made: int | None = None) -> str:
     """This step's tokens against the budget: decode rows, prefill chunks, padding rows (the bar's width: `scale`;
-    padding rows take no budget, but they are computed: they show beyond the budget's mark)."""
+    padding rows take no budget, but they are computed: they show beyond the budget's mark). made: the new tokens
+    that came out of them (a prompt chunk computes many tokens and makes one, or none before its last chunk)."""
     parts = [
         ("decode", split.decode, TOKEN_COLORS["decode"]),
         ("prefill", split.prefill, TOKEN_COLORS["prefill"]),
         ("padding", split.padding, TOKEN_COLORS["padding"]),
     ]
     spent = split.decode + split.prefill
-    head = f"<b>Tokens this step</b>: {spent} of a {budget}-token budget" if budget else (
-        f"<b>Tokens this step</b>: {spent} (no token budget: whole prompts at once)")  # fmt: skip
+    head = f"<b>Tokens computed this step</b>: {spent} of a {budget}-token budget" if budget else (
+        f"<b>Tokens computed this step</b>: {spent} (no token budget: whole prompts at once)")  # fmt: skip
     if split.padding:
         head += f", and {split.padding} padding rows for held seats"
+    if made is not None:
+        head += f"; {made} new token{'' if made == 1 else 's'} came out"
     return bar_block(head, parts, scale, mark=budget)
 
 
@@ -102,12 +117,29 @@ def kv_memory_html(kv: dict[str, int], bytes_per_block: float | None = None) -> 
 
 
 FIGURE_LABEL = "font-size:0.8em;color:#555;line-height:1.2;overflow-wrap:anywhere"  # wraps, never cut
-FIGURE_VALUE = "font-size:1.9em;line-height:1.15;white-space:nowrap"
+FIGURE_VALUE_EM = 1.9  # a figure's value, in the label's parent's ems
+FIGURE_VALUE = f"font-size:{FIGURE_VALUE_EM}em;line-height:1.15;white-space:nowrap"
+# Character widths in Source Sans (Streamlit's font), in its ems, rounded up: digits are tabular (0.5), "%" is wide.
+CHAR_EM = {**dict.fromkeys("0123456789", 0.5), "%": 0.84, " ": 0.2, ",": 0.25, ".": 0.25, "–": 0.5}
+OTHER_CHAR_EM = 0.55  # a letter (lowercase is narrower; "of", "memory")
 
 
-def figures_html(figures: list[tuple[str, str, str, str]]) -> str:
+def text_em(text: str) -> float:
+    """How wide `text` is in Source Sans, in its font's ems (an upper bound for figures' values)."""
+    return sum(CHAR_EM.get(c, OTHER_CHAR_EM) for c in text)
+
+
+def figure_min_em(values: list[str]) -> float:
+    """The narrowest a figure's cell may be (in the figures' ems) so that the longest value fits in it: narrower,
+    and a nowrap value ran into its neighbour ("100%100%4")."""
+    return round(max(map(text_em, values), default=0.5) * FIGURE_VALUE_EM + 0.2, 2)
+
+
+def figures_html(figures: list[tuple[str, str, str, str]], widest: list[str] | None = None) -> str:
     """A row of big numbers, each (label, value, note under it or "", tooltip): like st.metric, but six fit
-    in half a projector's width. A long label wraps onto a second line rather than lose its end."""
+    in half a projector's width. A long label wraps onto a second line rather than lose its end; where the row is
+    too narrow for every value (a sidebar open beside two panels), the cells wrap onto a second row. widest: the
+    widest values the row will show (default: these), so that panels side by side and frame after frame wrap alike."""
     cells = []
     for label, value, note, tip in figures:
         under = f'<div style="font-size:0.75em;color:#555">{escape(note)}</div>' if note else ""
@@ -115,29 +147,38 @@ def figures_html(figures: list[tuple[str, str, str, str]]) -> str:
             f'<div title="{escape(tip)}" style="min-width:0"><div style="{FIGURE_LABEL}">{escape(label)}</div>'
             f'<div style="{FIGURE_VALUE}" data-figure="{escape(label)}">{escape(value)}</div>{under}</div>'
         )
-    grid = f"display:grid;grid-template-columns:repeat({len(cells)}, minmax(0, 1fr));gap:0.6em;margin:0.2em 0 0.6em 0"
+    cell = f"minmax({figure_min_em(widest or [value for _, value, _, _ in figures])}em, 1fr)"
+    grid = f"display:grid;grid-template-columns:repeat(auto-fit, {cell});gap:0.45em;margin:0.2em 0 0.6em 0"
     return f'<div style="{grid}">{"".join(cells)}</div>'
 
 
-def headline_html(label: str, parts: list[tuple[str, str]], note: str = "") -> str:
+HEADLINE_REM = 2.2  # the big numbers: 44 px on a projector (20 px type), in rem so no parent's size shrinks them
+
+
+def headline_html(label: str, parts: list[tuple[str, str]], note: str = "", one_line: bool = False) -> str:
     """The view's one big number (or two, side by side): `parts` are (what, value) pairs, e.g.
-    [("static", "52%"), ("continuous", "99%")]; `note`: a sentence under them (HTML allowed)."""
+    [("static", "52%"), ("continuous", "99%")]; `note`: a sentence under them (HTML allowed).
+    one_line: the label on the numbers' line, no note (the presenter view puts it one click away)."""
     numbers = " &nbsp;·&nbsp; ".join(
         f'<span style="white-space:nowrap">{escape(what)} <b data-headline="{escape(what)}" '
-        f'style="font-size:2.2em;line-height:1.1">{escape(value)}</b></span>'
+        f'style="font-size:{HEADLINE_REM}rem;line-height:1.1">{escape(value)}</b></span>'
         for what, value in parts
     )
+    box = "border-left:0.35em solid #0072b2;padding:0.2em 0 0.3em 0.7em;margin:0.3em 0 0.6em 0"
+    if one_line:
+        # (no margin: st.markdown pulls what follows up by 1 rem, so put what follows it in the same markdown)
+        return f'<div style="{box};margin:0"><span style="color:#333">{escape(label)}</span> {numbers}</div>'
     under = f'<div style="font-size:0.9em;color:#333;margin-top:0.2em">{note}</div>' if note else ""
-    return (
-        f'<div style="border-left:0.35em solid #0072b2;padding:0.2em 0 0.3em 0.7em;margin:0.3em 0 0.6em 0">'
-        f'<div style="font-size:0.95em;color:#333">{escape(label)}</div><div>{numbers}</div>{under}</div>'
-    )
+    label = f'<div style="font-size:0.95em;color:#333">{escape(label)}</div>'
+    return f'<div style="{box}">{label}<div>{numbers}</div>{under}</div>'
 
 
 def chip(request_id: str, color: str) -> str:
+    """A request's id on its colour; never broken across lines ("r1" / "7")."""
     return (
-        f'<span style="background:{color};color:white;border-radius:0.3em;padding:0.05em 0.4em;'
-        f'margin-right:0.2em;font-weight:600">{escape(request_id)}</span>'
+        f'<span style="background:{color};color:{text_on(color)};border-radius:0.3em;padding:0 0.4em;'
+        f'margin-right:0.2em;font-weight:600;white-space:nowrap;display:inline-block;line-height:1.3">'
+        f"{escape(request_id)}</span>"
     )
 
 
@@ -145,10 +186,15 @@ def queue_html(waiting: list[str], colors: dict[str, str], length: int | None = 
     """The queue's head as chips; `length`: the whole queue's length, when more are waiting than shown."""
     length = len(waiting) if length is None else length
     if not length:
-        return "<div><b>Waiting queue:</b> empty</div>"
+        return "<div data-queue><b>Waiting queue:</b> empty</div>"
     chips = "".join(chip(rid, colors.get(rid, "#777777")) for rid in waiting)
     more = f" … and {length - len(waiting)} more" if length > len(waiting) else ""
-    return f"<div><b>Waiting queue ({length}):</b> {chips}{more}</div>"
+    return f"<div data-queue><b>Waiting queue ({length}):</b> {chips}{more}</div>"
+
+
+def event_html(step: int, event: str) -> str:
+    """What happened in the step shown (events.describe), in a line under the seats."""
+    return f"<div data-event><b>Step {step}:</b> {escape(event)}</div>"
 
 
 CHAT_STATUS = {  # a request's status (viz.replies) in the words of a chat window
@@ -172,9 +218,10 @@ def status_html(status: str) -> str:
 BUBBLE = "display:inline-block;border-radius:0.8em;padding:0.15em 0.7em;max-width:100%;overflow-wrap:anywhere"
 
 
-def replies_html(replies, not_arrived: int = 0, max_height: int = 380) -> str:
+def replies_html(replies, not_arrived: int = 0, max_height: int | None = 380) -> str:
     """A chat window: for each arrived request, the user's prompt in a bubble on the left, the model's reply so far
-    in a bubble on the right, and under it where the request stands (writing, waiting for a seat, done...)."""
+    in a bubble on the right, and under it where the request stands (writing, waiting for a seat, done...).
+    max_height: a scroll box that high (None: as tall as its replies; the live view shows a few, none cut)."""
     rows = []
     for r in replies:
         text = r.text if len(r.text) <= REPLY_TAIL else "…" + r.text[-REPLY_TAIL:]
@@ -190,8 +237,9 @@ def replies_html(replies, not_arrived: int = 0, max_height: int = 380) -> str:
         )
     more = f"<div style='color:#777'>{not_arrived} more not arrived yet</div>" if not_arrived else ""
     legend = GUESS_LEGEND if any(r.guesses for r in replies) else ""
+    scroll = f"max-height:{max_height}px;overflow-y:auto;" if max_height else ""
     return (
-        f'<div style="max-height:{max_height}px;overflow-y:auto;font-size:0.9em" data-chat>'
+        f'<div style="{scroll}font-size:0.9em" data-chat>'
         "<div style='font-weight:600'>The users' chat windows</div>" + legend + "".join(rows) + f"{more}</div>"
     )
 

@@ -20,19 +20,15 @@ import zlib
 from collections import deque
 from dataclasses import replace
 
-from matplotlib import colormaps
-from matplotlib.colors import to_hex
-
 from minillm.engine.trace import RequestRecord, StepRecord, Trace
 from minillm.model.tokenizer import decode
 from minillm.runs.metrics import busy_seats, inter_token_gaps, percentiles, slot_utilization
 from minillm.serving.trace_window import window
+from viz.colors import REQUEST_PALETTE
 from viz.player import Reply, TracePlayer
 
 STEP_FIELDS = ("arrival_step", "admit_step", "first_token_step", "finish_step")
 SINCE_START = ("arrival_step", "admit_step", "first_token_step")  # a window clips these to its first step
-# colors.request_colors' palette: the ten strong tab20 colours, then their pale partners
-PALETTE = [to_hex(c) for c in colormaps["tab20"].colors[::2] + colormaps["tab20"].colors[1::2]]
 STATUS_ORDER = {"running": 0, "preempted": 1, "waiting": 2}  # then everything that has ended
 
 
@@ -102,13 +98,16 @@ def live_colors(ids) -> dict[str, str]:
     """A colour per request that stays put while the window slides (request_colors goes by the request's place
     in the list, which shifts as old requests leave): by the number in the server's id ("r17"), else a hash."""
     number = lambda rid: int(m.group()) if (m := re.search(r"\d+$", rid)) else zlib.crc32(rid.encode())
-    return {rid: PALETTE[number(rid) % len(PALETTE)] for rid in ids}
+    return {rid: REQUEST_PALETTE[number(rid) % len(REQUEST_PALETTE)] for rid in ids}
 
 
-def live_player(trace: Trace, keep: int, width: int = 1200) -> TracePlayer:
+def live_player(
+    trace: Trace, keep: int, width: int = 1200, text_px: int = 12, height: int | None = None
+) -> TracePlayer:
     """The window's player: its chart spans `keep` steps however few there are yet (the newest at the right
-    once it is full), and request colours do not change from one poll to the next."""
-    player = TracePlayer(trace, width, axis_steps=keep)
+    once it is full, its axis in the server's step numbers), and request colours do not change from one poll to the
+    next. width, text_px, height: the chart's (TracePlayer)."""
+    player = TracePlayer(trace, width, axis_steps=keep, text_px=text_px, height=height)
     player.colors = live_colors(r.id for r in trace.requests)
     return player
 

@@ -106,5 +106,4 @@ def _label_runs(ax, grid: np.ndarray, labels: np.ndarray, n: int, fontsize: int 
         options = [f"{rid} done, seat held", rid] if held else [rid]
         text = next((t for t in options if room >= 0.7 * fontsize * len(t) + 4), None)
         if text:
-            color = "#7a1f1f" if held else "white"
-            ax.text((first + last) / 2, seat, text, ha="center", va="center", color=color, fontsize=fontsize)
+            ax.text((first + last) / 2, seat, text, ha="center", va="center", color="white", fontsize=fontsize)

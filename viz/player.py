@@ -21,6 +21,7 @@ from minillm.model.tokenizer import decode
 from minillm.runs.metrics import summarize
 from viz.budget import TokenSplit, bar_scale, token_budget, token_splits
 from viz.colors import STALLED, request_colors
+from viz.events import describe, step_events
 from viz.kv_blocks import blocks_per_row, kv_block_bytes, kv_block_refs, kv_blocks_rgb, kv_memory
 from viz.progress import RunProgress
 from viz.raster import TEXT_PX, OccupancyRaster, nice_tick_step, png_bytes
@@ -51,15 +52,16 @@ class Frame:
     tokens: TokenSplit  # this step's tokens: decode, prefill, padding
     metrics: dict  # progress.RunProgress.at(step)
     waiting: list[str]  # the head of the queue
+    event: str  # what happened in this step, in a line (events.py): "seat 2 freed, E admitted"
     replies: list[Reply]  # requests that have arrived, in workload order (none for a simulated card's placeholders)
     not_arrived: int
 
 
 class TracePlayer:
     def __init__(self, trace: Trace, width: int = 1100, axis_steps: int | None = None,
-                 axis_seconds: float | None = None, text_px: int = TEXT_PX):  # fmt: skip
+                 axis_seconds: float | None = None, text_px: int = TEXT_PX, height: int | None = None):  # fmt: skip
         """axis_steps / axis_seconds: the span of the occupancy chart's x axis, shared by the runs shown together;
-        text_px: the chart's lettering (the presenter view's is larger)."""
+        text_px: the chart's smallest lettering (the presenter view's is larger); height: the chart's, in pixels."""
         if not trace.steps:
             raise ValueError("this trace has no steps to replay (were all its requests rejected?)")
         table = seat_table(trace)
@@ -67,7 +69,8 @@ class TracePlayer:
         self.last_step = len(trace.steps) - 1
         self.simulated = trace.config.get("clock") == "simulated"
         self.colors = request_colors(trace)
-        self.occupancy = OccupancyRaster(trace, width, axis_steps, axis_seconds, table, text_px)
+        self.occupancy = OccupancyRaster(trace, width, axis_steps, axis_seconds, table, text_px, height)
+        self.text_px = text_px  # the chart's smallest lettering, in its pixels
         self.kv_cell = int(np.clip(width // blocks_per_row(trace), 5, 16))
         self.has_block_map = any(s.kv_tables for s in trace.steps)
         self.has_stalled = bool((table.state == STALLED).any())
@@ -91,6 +94,7 @@ class TracePlayer:
             kv_png = png_bytes(kv_blocks_rgb(self.trace, step, self.kv_cell, self.colors))
             shared = int((kv_block_refs(self.trace, step) > 1).sum())
         arrived = [i for i, r in enumerate(self.trace.requests) if r.arrival_step <= step]
+        metrics = self.progress.at(step)
         return Frame(
             step=step,
             occupancy_png=png_bytes(self.occupancy.frame(step)),
@@ -98,8 +102,9 @@ class TracePlayer:
             kv=kv_memory(record, self.trace.config["block_size"]),
             shared_blocks=shared,
             tokens=TokenSplit(*map(int, self.splits[step])),
-            metrics=self.progress.at(step),
+            metrics=metrics,
             waiting=list(record.waiting[:WAITING_SHOWN]),
+            event=describe(step_events(self.trace, step), metrics["busy_seats"]),
             replies=[] if self.simulated else self.replies(step, arrived),
             not_arrived=len(self.trace.requests) - len(arrived),
         )
@@ -153,13 +158,13 @@ class Timeline:
         return position * self.tick_s
 
     def label(self, position: int) -> str:
-        if self.unit == "step":
-            return f"step {position} of {self.last}"
+        if self.unit == "step":  # steps count from 0: "of 995" read as 995 steps, one short of the notebooks' count
+            return f"step {position} (of {self.last + 1} steps: 0–{self.last})"
         return f"{self.seconds(position):.{decimals(self.tick_s)}f} s of {self.seconds(self.last):.1f} s (simulated)"
 
     def speed_label(self, positions_per_s: float) -> str:
         if self.unit == "step":
-            return f"{positions_per_s:g} steps/s"
+            return f"{positions_per_s:g} step{'' if positions_per_s == 1 else 's'}/s"
         return f"{positions_per_s * self.tick_s:g} s per s"
 
 

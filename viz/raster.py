@@ -61,18 +61,21 @@ class OccupancyRaster:
 
     def __init__(self, trace: Trace, width: int = 1100, axis_steps: int | None = None,
                  axis_seconds: float | None = None, table: SeatTable | None = None,
-                 text_px: int = TEXT_PX):  # fmt: skip
-        """axis_steps / axis_seconds: what the x axis spans (default: this run's steps); share it to compare runs."""
+                 text_px: int = TEXT_PX, height: int | None = None):  # fmt: skip
+        """axis_steps / axis_seconds: what the x axis spans (default: this run's steps); share it to compare runs.
+        text_px: the smallest lettering (seat names, ticks, request ids); height: the picture's height in pixels
+        (default: row_height's rows). A window of a live server's steps is labelled with their real numbers."""
         states, requests = seat_grids(table or seat_table(trace))
         self.slots, self.n = states.shape
         self.stacked = self.slots > SEAT_ROWS
         if self.stacked:
             states = stacked(states)
-        self.text_px, self.left, self.bottom = text_px, round(5.4 * text_px), 2 * text_px
+        self.text_px, self.left, self.bottom = text_px, round(5.4 * text_px), round(1.5 * text_px) + 6
+        self.first_step = trace.config.get("first_step", 0)  # (a window: the server's number of its step 0)
         self.plot_w = width - self.left - RIGHT
-        self.row_h = row_height(self.slots)
+        self.row_h = row_height(self.slots) if height is None else max(1, (height - TOP - self.bottom) // self.slots)
         gap = GAP if self.row_h >= 8 else 0
-        names_fit = self.row_h >= 12 and not self.stacked  # no room for names below that
+        names_fit = self.row_h >= text_px + 6 and not self.stacked  # a request's id no smaller than the ticks
         self.font = font(min(text_px + 3, self.row_h - 6)) if names_fit else None
         self.runs = seat_runs(states, requests) if self.font else []
         px = np.arange(self.plot_w)
@@ -125,16 +128,27 @@ class OccupancyRaster:
             for seat in range(0, self.slots, every):
                 y = max(self.text_px * 0.6, TOP + seat * self.row_h + (self.row_h - gap) / 2)  # (keep the first in)
                 draw.text((left - 6, y), f"seat {seat}", fill="#333333", font=label_font, anchor="rm")
-        max_ticks = int(np.clip(self.plot_w // (5 * self.text_px), 3, 10))  # tick labels that never touch
+        for x, label in self.ticks():
+            draw.line([(x, self.plot_bottom), (x, self.plot_bottom + 4)], fill="#555555")
+            draw.text((x, self.plot_bottom + 5), label, fill="#333333", font=label_font, anchor="mt")
+        return np.asarray(image).copy()
+
+    def ticks(self) -> list[tuple[int, str]]:
+        """(x pixel, label) of each tick: round steps (a live window's in the server's numbers) or seconds, as many
+        as fit with their labels apart."""
+        widest = len(f"{self.axis:.0f} s" if self.seconds else f"{self.first_step + self.axis:,}")  # (characters)
+        max_ticks = int(np.clip(self.plot_w // ((widest + 3) * 0.8 * self.text_px), 2, 10))
         tick = nice_tick_step(self.axis, max_ticks)
         tick = tick if self.seconds else max(1, int(tick))
         scale = self.plot_w / self.axis
-        for value in np.arange(0, self.axis, tick):
-            x = left + int(round(value * scale)) if self.seconds else left + int(np.ceil(value * scale))
-            label = f"{value:g} s" if self.seconds else str(int(value))
-            draw.line([(x, self.plot_bottom), (x, self.plot_bottom + 4)], fill="#555555")
-            draw.text((x, self.plot_bottom + 5), label, fill="#333333", font=font(self.text_px - 1), anchor="mt")
-        return np.asarray(image).copy()
+        first = -(-self.first_step // tick) * tick - self.first_step  # a window's first round step number
+        out, width = [], self.left + self.plot_w + RIGHT
+        for value in np.arange(first, self.axis, tick):
+            x = self.left + int(round(value * scale)) if self.seconds else self.left + int(np.ceil(value * scale))
+            label = f"{value:g} s" if self.seconds else f"{int(value) + self.first_step:,}"
+            if x + font(self.text_px).getlength(label) / 2 <= width:  # (a label past the picture's edge: cut)
+                out.append((x, label))
+        return out
 
     def frame(self, upto: int) -> Image.Image:
         """The chart with steps 0..upto filled in, a cursor at upto's end, and one label per visible run."""
@@ -156,5 +170,5 @@ class OccupancyRaster:
             text = next((t for t in options if draw.textlength(t, font=self.font) + 6 <= x1 - x0), None)
             if text:
                 y = TOP + seat * self.row_h + (self.row_h - GAP) / 2
-                draw.text(((x0 + x1) / 2, y), text, fill="#7a1f1f" if held else "white", font=self.font, anchor="mm")
+                draw.text(((x0 + x1) / 2, y), text, fill="white", font=self.font, anchor="mm")
         return picture

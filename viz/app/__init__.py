@@ -5,6 +5,9 @@ these draw pages, not pictures: only app.py imports them.
   whatif       a real model on a real card: memory, users, tokens/s, and a crowd served in simulation
   live         a running server (python -m minillm serve), watched as requests arrive
   playback     the step player itself (controls, panels), shared by the views that replay traces
+  presenter    the presenter view: the layout and sizes for a projector
+  trace_store  the step player's runs on disk, and the worker that runs ahead the settings a room may pick next
+  trace_files  a trace to and from a file: downloads, and an uploaded trace replayed
 
 A new view is a module with a `show()` function and one line in app.py's VIEWS.
 """

@@ -21,7 +21,7 @@ from minillm.engine.trace import Trace
 from minillm.errors import MinillmError
 from minillm.runs.run import workload_engine
 from minillm.runs.workload import ALL_WORKLOADS, SIMULATED_WORKLOADS, ChatKnobs
-from viz.app import presenter
+from viz.app import playback, presenter
 from viz.app.playback import Transport, play, seats_busy_headline
 from viz.player import TracePlayer
 
@@ -52,7 +52,9 @@ def crowd_settings() -> dict:
         "requests": row[1].number_input("requests", 1, MAX_REQUESTS, 50, key="wi_requests",
                                         help=f"at most {MAX_REQUESTS}: building and queueing a crowd costs time too"),
         "rate_per_s": row[2].select_slider("arrivals per s", RATES_PER_S, 4, key="wi_rate",
-                                           help="arrivals per second (Poisson); 1000: everyone at once"),  # fmt: skip
+                                           help="arrivals per second (Poisson); 1000: the crowd within a fraction "
+                                           "of a second (static batching's first batch: whoever came before its "
+                                           "first step)"),  # fmt: skip
         "token_budget": row[3].select_slider("token budget", BUDGETS, None, key="wi_budget",
                                              format_func=budget_label,
                                              help="auto: vLLM's server default for the card (8192 from 70 GiB, "
@@ -91,14 +93,16 @@ def simulated_crowd(card: str, model: str, dtype: str, kv_dtype: str, context: i
 
 
 @st.cache_resource(max_entries=8, show_spinner=False)
-def simulated_player(_trace, run_key: tuple, width: int, axis_seconds: float, text_px: int) -> TracePlayer:
-    return TracePlayer(_trace, width, axis_seconds=axis_seconds, text_px=text_px)
+def simulated_player(_trace, run_key: tuple, width: int, axis_seconds: float, text_px: int, height: int | None
+                     ) -> TracePlayer:  # fmt: skip
+    return TracePlayer(_trace, width, axis_seconds=axis_seconds, text_px=text_px, height=height)
 
 
 def summary_table(players: list[tuple[str, TracePlayer]]) -> str:
     """The whole run of each policy, side by side (markdown)."""
     ms = lambda v: "–" if v is None else f"{1000 * v:,.0f} ms"
-    lines = ["| | tokens/s | TTFT p50 | TTFT p99 | TPOT p50 | TPOT p99 | seats busy | all done at |", "|---" * 8 + "|"]
+    head = "| | tokens/s, whole run | TTFT p50 | TTFT p99 | TPOT p50 | TPOT p99 | seats busy | all done at |"
+    lines = [head, "|---" * 8 + "|"]
     for title, p in players:
         s = p.summary
         done = f"{p.end_s:,.1f} s" if s["finished"] + s["rejected"] == s["requests"] else "(stopped)"
@@ -109,10 +113,42 @@ def summary_table(players: list[tuple[str, TracePlayer]]) -> str:
     return "\n".join(lines)
 
 
-def crowd_notes(players: list[tuple[str, TracePlayer]], settings: dict, context: int, cut: bool) -> str:
-    """The seats, the pool, and what the simulation left out (requests too long for the context, a stop)."""
+def first_batch_note(players: list[tuple[str, TracePlayer]]) -> str:
+    """Why static batching starts with fewer users than seats when everyone comes "at once": arrivals at a rate
+    come one after another (1,000 a second: 50 users in about 50 ms), its first step begins at the first arrival,
+    and a static batch takes nobody until all of it is done: the others wait for its longest reply."""
+    static = next((p.trace for title, p in players if p.trace.config["scheduler"] == "static"), None)
+    if static is None or len(static.steps) < 2:
+        return ""
+    first, seats = len(static.steps[0].admitted), static.config["slots"]
+    behind = static.steps[1].num_waiting
+    if first >= seats or not behind:
+        return ""
+    who = f"the {first} request{'s' if first != 1 else ''} that had arrived when its first step began"
+    return (f"Static batching's first batch is {who}: the other {behind} arrived during that step, and a static "
+            f"batch takes no newcomers, so they wait for its longest reply while {seats - first} of its "
+            f"{seats} seats stay empty.")  # fmt: skip
+
+
+def throughput_note(players: list[tuple[str, TracePlayer]], everyone: dict | None) -> str:
+    """The headline's tokens/s (every user that fits decoding in one step) beside each run's: a run also spends
+    its steps on prompts, on seats filling and emptying, and static's on held seats, so it makes fewer."""
+    if not everyone:
+        return ""
+    runs = ", ".join(f"{title.removesuffix(' batching')} {p.summary['tokens_per_s']:,.0f}" for title, p in players)
+    return (f"The headline's {everyone['tokens_per_s']:,.0f} tokens/s is {everyone['batch']:,} users all decoding "
+            f"in the same step; over a whole run the seats do other things too (prompts, filling and emptying, "
+            f"static's held seats), so the runs made {runs} tokens/s.")  # fmt: skip
+
+
+def crowd_notes(players: list[tuple[str, TracePlayer]], settings: dict, context: int, cut: bool,
+                everyone: dict | None = None) -> str:  # fmt: skip
+    """The seats, the pool, and what the simulation left out (requests too long for the context, a stop); why the
+    runs' tokens/s differ from the headline's (`everyone`: whatif.plan of every user that fits, decoding), and why
+    static's first batch can be small."""
     config, summary = players[0][1].trace.config, players[0][1].summary
-    seats = f"{config['slots']} seats" + ("" if settings["slots"] else f" (one per user that fits at {context:,})")
+    seats = playback.seats(config["slots"])
+    seats += "" if settings["slots"] else f" (one per user that fits at {context:,})"
     notes = [f"{seats}, {config['num_blocks']:,} KV blocks of {config['block_size']} tokens, token budget "
              f"{config['token_budget'] or 'none'}."]  # fmt: skip
     if summary["rejected"]:
@@ -125,10 +161,11 @@ def crowd_notes(players: list[tuple[str, TracePlayer]], settings: dict, context:
             f"Simulated up to {until:,.1f} s, where the work budget of a quick redraw ran out: {left} requests were "
             "still waiting or running (fewer requests, or more seats, simulate to the end)."
         )
-    return " ".join(notes)
+    return " ".join([*notes, throughput_note(players, everyone), first_batch_note(players)]).strip()
 
 
-def crowd_view(choice: dict) -> None:
+def crowd_view(choice: dict, everyone: dict | None = None) -> None:
+    """everyone: whatif.plan of every user that fits decoding together (the headline above), to compare with."""
     st.subheader("A crowd on this card, simulated")
     if not presenter.on():
         st.caption(
@@ -150,10 +187,10 @@ def crowd_view(choice: dict) -> None:
                    "context?).")  # fmt: skip
         return
     end = max(trace.steps[-1].time_s for trace in traces.values())
-    width, text_px = presenter.chart_width(2, 700), presenter.chart_text_px(12)
+    size = presenter.chart_size(2)
     key = (*card.values(), *settings.values())
-    players = [(SCHEDULERS[name], simulated_player(trace, (name, *key), width, end, text_px))
+    players = [(SCHEDULERS[name], simulated_player(trace, (name, *key), size.width, end, size.text_px, size.height))
                for name, trace in traces.items()]  # fmt: skip
-    st.markdown(f"{crowd_notes(players, settings, choice['context'], cut)} Over the whole run:\n\n"
+    st.markdown(f"{crowd_notes(players, settings, choice['context'], cut, everyone)} Over the whole run:\n\n"
                 f"{summary_table(players)}")  # fmt: skip
     play(players, Transport("sim_", speed=10), headline=seats_busy_headline)

@@ -20,7 +20,7 @@ import streamlit as st
 from minillm.engine.trace import Trace
 from minillm.runs import trace_file
 from viz.app import presenter
-from viz.app.playback import show_png
+from viz.app.playback import png_html
 from viz.html import (
     figures_html,
     headline_html,
@@ -40,8 +40,9 @@ DEFAULT_REDRAWS = 4
 REDRAWS_PER_S = [1, 2, 4]  # choices: each redraw is one poll; fewer leave more of a shared machine to the engine
 TIMEOUT = httpx.Timeout(3.0, connect=2.0)  # a poll that takes longer says so, and the next one tries again
 IDLE_S = 2.0  # no new step for this long: say the engine is idle (the picture is of its last steps)
-REPLIES_SHOWN = 16
+REPLIES_SHOWN = {False: 12, True: 5}  # normal view, presenter view: whole bubbles, none cut off by a scroll box
 FRAMES_TIMED = 20  # the frame interval shown is the median over this many frames
+INSTRUCTOR_LINE = "python -m minillm serve --host 0.0.0.0"
 STUDENT_LINE = (  # README, Run a workshop: a student's one line
     "curl http://ROOM-ADDRESS:8000/v1/chat/completions -H 'Content-Type: application/json' "
     """-d '{"messages": [{"role": "user", "content": "count down from 40"}], "stream": true}'"""
@@ -72,6 +73,8 @@ class LiveFeed:
         self.window = LiveWindow(WINDOW_STEPS)
         self.player: TracePlayer | None = None
         self.frame: Frame | None = None
+        self.size = presenter.ChartSize(1200, 12)  # how the chart is drawn (the view sets it before each poll)
+        self.drawn_size = self.size
         self.poll_ms = self.frame_ms = 0.0  # the last poll (HTTP and merge); the last frame's drawing
         self.frame_starts: deque[float] = deque(maxlen=FRAMES_TIMED + 1)
         self.new_step_at = time.monotonic()  # when a poll last brought a new step
@@ -84,7 +87,7 @@ class LiveFeed:
             params["since_step"] = self.window.since_step
         new = self.window.add(self._get_trace(params))
         self.poll_ms = 1000 * (time.perf_counter() - began)
-        if new or self.player is None:
+        if new or self.player is None or self.drawn_size != self.size:  # (a new step, or the presenter toggled)
             self._rebuild()
         if new:
             self.new_step_at = time.monotonic()
@@ -119,8 +122,9 @@ class LiveFeed:
             self.player = self.frame = None
             return
         try:
-            self.player = live_player(trace, WINDOW_STEPS)
+            self.player = live_player(trace, WINDOW_STEPS, self.size.width, self.size.text_px, self.size.height)
             self.frame = self.player.frame(self.player.last_step)
+            self.drawn_size = self.size
         except (TypeError, ValueError, KeyError, IndexError) as e:
             self.player = self.frame = None
             raise ServerError(f"Cannot draw {self.url}'s trace: {type(e).__name__}: {e}") from None
@@ -164,8 +168,10 @@ def disconnect() -> None:
         feed().close()
 
 
-def sidebar() -> None:
-    bar = presenter.settings("live server: URL, connect")
+def sidebar(where=None, button_at=None) -> None:
+    """The server's URL, the redraw rate and the students' line (the presenter view: in a popover in `where`), and
+    connect / disconnect (the presenter view: in `button_at`, on screen, not inside the popover)."""
+    bar = presenter.settings("live server: URL, redraws, the students' line", where, "server")
     if bar is st.sidebar:
         bar.header("Live server")
     st.session_state.setdefault("live_url", DEFAULT_URL)
@@ -174,14 +180,17 @@ def sidebar() -> None:
     bar.select_slider("redraws per second", REDRAWS_PER_S, DEFAULT_REDRAWS, key="live_redraws",
                       help="each redraw asks the server for its new steps; on a laptop that also runs the server, "
                       "fewer redraws leave more of its cores to the engine")  # fmt: skip
+    button = button_at or bar
     if st.session_state.live_connected:
-        bar.button("disconnect", icon=":material/pause:", key="live_disconnect", on_click=disconnect)
+        button.button(
+            "disconnect", icon=":material/pause:", key="live_disconnect", on_click=disconnect, width="stretch"
+        )
     else:
-        bar.button("connect", icon=":material/play_arrow:", key="live_connect", on_click=connect, type="primary")
-    bar.caption(
-        "The instructor: `python -m minillm serve --host 0.0.0.0` (the room's network: see README, "
-        "Run a workshop). Each student, with the instructor's address:"
-    )
+        button.button("connect", icon=":material/play_arrow:", key="live_connect", on_click=connect, type="primary",
+                      width="stretch")  # fmt: skip
+    bar.caption("The instructor (the room's network: see README, Run a workshop):")
+    bar.code(INSTRUCTOR_LINE, language="bash", wrap_lines=True)  # (inline code would not wrap: cut in a sidebar)
+    bar.caption("Each student, with the instructor's address:")
     bar.code(STUDENT_LINE, language="bash", wrap_lines=True)
 
 
@@ -222,24 +231,27 @@ def draw(live: LiveFeed, interval_ms: float | None) -> None:
     if presenter.on():  # the room's one number: how much the server makes, and how full it is
         rate = "–" if f["tokens_per_s"] is None else f"{f['tokens_per_s']:,.0f}"
         parts = [("tokens/s", rate), ("seats busy", f"{f['busy_now']} of {config['slots']}")]
-        st.markdown(headline_html(f"The server, over the last {f['span_s']:.1f} s", parts), unsafe_allow_html=True)
-    st.markdown(figures(player, f), unsafe_allow_html=True)
-    st.markdown(occupancy_legend(player.has_stalled), unsafe_allow_html=True)
-    show_png(frame.occupancy_png, f"who sits in each seat, steps {first} to {last}")
+        label = f"The server, over the last {f['span_s']:.1f} s:"
+        st.markdown(headline_html(label, parts, one_line=True) + figures(player, f), unsafe_allow_html=True)
+    else:
+        st.markdown(figures(player, f), unsafe_allow_html=True)
+    chart = png_html(frame.occupancy_png, f"who sits in each seat, steps {first} to {last}", player.text_px, True)
+    st.markdown(f"<div>{occupancy_legend(player.has_stalled)}{chart}</div>", unsafe_allow_html=True)
     st.markdown(token_budget_html(frame.tokens, player.budget, player.bar_tokens), unsafe_allow_html=True)
     left, right = st.columns([4, 7])
     with left:
         st.markdown(queue_html(frame.waiting, player.colors, frame.metrics["queue_length"]), unsafe_allow_html=True)
         if frame.kv_png is not None:
             st.markdown(f"**KV memory** ({config['kv']}, {config['block_size']} tokens per block)")
-            show_png(frame.kv_png, f"KV blocks at step {last}")
-            st.markdown(kv_legend(bool(config.get("prefix_caching"))), unsafe_allow_html=True)
+            picture = png_html(frame.kv_png, f"KV blocks at step {last}")  # (one block: the legend under the map)
+            legend = kv_legend(bool(config.get("prefix_caching")))
+            st.markdown(f'<div style="margin-bottom:1rem">{picture}{legend}</div>', unsafe_allow_html=True)
         else:
             st.markdown(kv_memory_html(frame.kv), unsafe_allow_html=True)
     with right:
-        replies, more = live_replies(player, REPLIES_SHOWN)
+        replies, more = live_replies(player, REPLIES_SHOWN[presenter.on()])
         more_note = f"<div style='color:#777'>… and {more} more in the window</div>" if more else ""
-        st.markdown(replies_html(replies) + more_note, unsafe_allow_html=True)
+        st.markdown(replies_html(replies, max_height=None) + more_note, unsafe_allow_html=True)
 
 
 def _live_frame(connected: bool) -> None:
@@ -249,6 +261,7 @@ def _live_frame(connected: bool) -> None:
         st.info("Not watching a server yet: start one (`python -m minillm serve`), check its URL, press connect.")
         return
     url = live.url
+    live.size = presenter.chart_size(1)
     interval_ms = live.tick()
     if connected:
         try:
@@ -270,13 +283,14 @@ def _live_frame(connected: bool) -> None:
 def show() -> None:
     st.session_state.setdefault("live_connected", False)
     st.session_state.setdefault("live_problem", None)
-    sidebar()
+    settings_at, button_at, title_at = presenter.settings_row([1.5, 1.9, 8])  # (the presenter view: one row)
+    sidebar(settings_at, button_at)
     if st.session_state.live_connected and feed() is None:
         connect()  # opened with --live, or the feed went with an old session's state
     if st.session_state.live_problem:
         st.error(st.session_state.live_problem)
         return
     connected = st.session_state.live_connected
-    st.subheader(f"live: {feed().url}" if feed() else "live")
+    (title_at or st).subheader(f"live: {feed().url}" if feed() else "live")
     timer = 1 / st.session_state.live_redraws if connected else None
     st.fragment(_live_frame, run_every=timer, key="live_frame")(connected)

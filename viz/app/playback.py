@@ -15,6 +15,7 @@ import streamlit as st
 
 from viz.app import presenter
 from viz.html import (
+    event_html,
     figures_html,
     headline_html,
     kv_legend,
@@ -83,7 +84,7 @@ class Transport:
 def controls(transport: Transport, timeline: Timeline) -> None:
     """Transport buttons (keyboard: Home, ←, Space, →), speed, and the position slider."""
     last, key = timeline.last, transport.key
-    widths = [1, 1, 1.9, 1, 2.8, 8] if presenter.on() else [1.4, 1.4, 2.2, 1.4, 2.2, 9]  # (large type: wider boxes)
+    widths = [1, 1, 1.9, 1, 2.8, 8] if presenter.on() else [1.4, 1.4, 2.2, 1.4, 3.6, 8]  # (each holds its longest text)
     row = st.columns(widths, vertical_alignment="center")
     icon = lambda name: f":material/{name}:"
     row[0].button("", icon=icon("skip_previous"), key=key("restart"), on_click=transport.go_to, args=(0,),
@@ -111,10 +112,19 @@ def controls(transport: Transport, timeline: Timeline) -> None:
                       format="%.1f s", on_change=seek, label_visibility="collapsed")  # fmt: skip
 
 
-def show_png(png: bytes, alt: str) -> None:
-    """Inline the picture in the page: st.image's media files can vanish mid-playback and show as broken."""
+def png_html(png: bytes, alt: str, text_px: float | None = None, chart: bool = False) -> str:
+    """The picture inline, as wide as its column. text_px: its smallest lettering in the PNG's pixels, for the
+    browser check (docs/screenshot.py --check-lettering) to scale by the width it is shown at; chart: a seat chart
+    (the presenter view caps its height on wide screens; --check-layout measures where it falls)."""
     data = base64.b64encode(png).decode()
-    st.markdown(f'<img src="data:image/png;base64,{data}" alt="{alt}" style="width:100%">', unsafe_allow_html=True)
+    marks = (f' data-text-px="{text_px:g}"' if text_px else "") + (" data-chart" if chart else "")
+    style = "width:100%;display:block;object-position:left top"  # (Streamlit's scale-down: never blown up)
+    return f'<img src="data:image/png;base64,{data}" alt="{alt}"{marks} style="{style}">'
+
+
+def show_png(png: bytes, alt: str, text_px: float | None = None, chart: bool = False) -> None:
+    """Inline the picture in the page: st.image's media files can vanish mid-playback and show as broken."""
+    st.markdown(png_html(png, alt, text_px, chart), unsafe_allow_html=True)
 
 
 def _num(value, fmt: str) -> str:
@@ -136,51 +146,54 @@ def figures(player: TracePlayer, m: dict) -> str:
         tpot_ms = None if m["tpot_p50_s"] is None else 1000 * m["tpot_p50_s"]
         ttft = ("TTFT p50, s", _num(m["ttft_p50_s"], ".2f"), still, TTFT_TIP)
         tpot = ("TPOT p50, ms", _num(tpot_ms, ".0f"), "", "time per output token, finished requests")
-    else:
-        first = ("tokens this step", str(m["tokens"]), "", "output tokens produced in this step")
+    else:  # (the token bar counts the tokens computed, prompt chunks included: it says how many came out)
+        first = ("new tokens", str(m["tokens"]), "this step", "output tokens produced in this step")
         ttft = ("TTFT p50, steps", _num(m["ttft_p50_steps"], ".0f"), still, TTFT_TIP)
         tpot = ("TPOT p50, steps", _num(m["tpot_p50_steps"], ".1f"), "", "steps per output token, finished requests")
     return figures_html([
         first,
-        ("busy now", f"{m['utilization_now']:.0%}", f"{m['busy_seats']} of {player.progress.slots} seats",
+        ("busy now", f"{m['utilization_now']:.0%}", f"{m['busy_seats']} of {seats(player.progress.slots)}",
          "seats that ran tokens in this step"),
         ("busy so far", f"{m['utilization_so_far']:.0%}", "", "busy seat-steps / all seat-steps, up to this step"),
         ("waiting", str(m["queue_length"]), "", "arrived, no seat yet"),
         ttft,
         tpot,
-    ])  # fmt: skip
+    ], widest=WIDEST_FIGURES)  # fmt: skip
+
+
+WIDEST_FIGURES = ["100%", "9,999"]  # a frame's widest values: every panel, every frame, the same cells
+
+
+def seats(n: int) -> str:
+    return f"{n} seat{'' if n == 1 else 's'}"
 
 
 def panel(title: str, player: TracePlayer, step: int) -> None:
-    """One run at one step: figures, seats, the step's tokens, queue, KV memory, replies."""
+    """One run at one step: figures, seats, what happened this step, the step's tokens, queue, KV memory, replies.
+    The presenter view puts what the room watches first (seats, the step's event, the queue, the KV memory: at
+    1920x1080 all of it on the first screen), the figures after."""
     frame = player.frame(step)
     done = ""
     if step >= player.last_step:
         when = f"{player.end_s:.1f} s" if player.simulated else f"step {player.last_step}"
         done = f" (finished at {when})"
     st.subheader(f"{title}{done}")
-    chart = f"who sits in each seat, up to step {frame.step}"
-    if presenter.on():  # the chart first: it is what the room looks at
-        show_png(frame.occupancy_png, chart)
-    st.markdown(figures(player, frame.metrics), unsafe_allow_html=True)
-    if not presenter.on():
-        show_png(frame.occupancy_png, chart)
-    st.markdown(token_budget_html(frame.tokens, player.budget, player.bar_tokens), unsafe_allow_html=True)
-    st.markdown(queue_html(frame.waiting, player.colors, frame.metrics["queue_length"]), unsafe_allow_html=True)
-    config = player.trace.config
-    if frame.kv_png is not None:
-        sharing = ""
-        if config.get("prefix_caching"):
-            sharing = (f"; {frame.shared_blocks} shared by several requests, {frame.kv['cached']} free blocks "
-                       "keep a cached prefix")  # fmt: skip
-        st.markdown(
-            f"**KV memory**: {frame.kv['stored'] + frame.kv['reserved']} of {frame.kv['total']} blocks in use "
-            f"({config['kv']}, {config['block_size']} tokens per block){sharing}"
-        )
-        show_png(frame.kv_png, f"KV blocks at step {frame.step}")
-        st.markdown(kv_legend(bool(config.get("prefix_caching"))), unsafe_allow_html=True)
+    chart = png_html(frame.occupancy_png, f"who sits in each seat, up to step {frame.step}", player.text_px, True)
+    event = event_html(frame.step, frame.event)
+    queue = queue_html(frame.waiting, player.colors, frame.metrics["queue_length"])
+    made = None if player.simulated else frame.metrics["tokens"]
+    tokens = token_budget_html(frame.tokens, player.budget, player.bar_tokens, made)
+    if presenter.on():
+        st.markdown(f"<div>{chart}{event}{queue}</div>", unsafe_allow_html=True)  # one block: no gaps between them
+        kv_memory(player, frame)
+        st.markdown(figures(player, frame.metrics), unsafe_allow_html=True)
+        st.markdown(tokens, unsafe_allow_html=True)
     else:
-        st.markdown(kv_memory_html(frame.kv, player.kv_block_bytes), unsafe_allow_html=True)
+        st.markdown(figures(player, frame.metrics), unsafe_allow_html=True)
+        st.markdown(f"<div>{chart}{event}</div>", unsafe_allow_html=True)
+        st.markdown(tokens, unsafe_allow_html=True)
+        st.markdown(queue, unsafe_allow_html=True)
+        kv_memory(player, frame)
     if frame.replies:
         st.markdown(replies_html(frame.replies, frame.not_arrived), unsafe_allow_html=True)
     else:
@@ -191,9 +204,32 @@ def panel(title: str, player: TracePlayer, step: int) -> None:
         )
 
 
-def seats_busy_headline(players: list[tuple[str, TracePlayer]], note: str = "") -> None:
+def kv_memory(player: TracePlayer, frame) -> None:
+    """The KV pool at this step: the block map (the tiny model), or a bar (a simulated card: thousands of blocks)."""
+    config = player.trace.config
+    if frame.kv_png is None:
+        st.markdown(kv_memory_html(frame.kv, player.kv_block_bytes), unsafe_allow_html=True)
+        return
+    sharing = ""
+    if config.get("prefix_caching"):
+        sharing = (f"; {frame.shared_blocks} shared by several requests, {frame.kv['cached']} free blocks "
+                   "keep a cached prefix")  # fmt: skip
+    st.markdown(
+        f"**KV memory**: {frame.kv['stored'] + frame.kv['reserved']} of {frame.kv['total']} blocks in use "
+        f"({config['kv']}, {config['block_size']} tokens per block){sharing}"
+    )
+    picture = png_html(frame.kv_png, f"KV blocks at step {frame.step}")
+    legend = kv_legend(bool(config.get("prefix_caching")))
+    st.markdown(f'<div style="margin-bottom:1rem">{picture}{legend}</div>', unsafe_allow_html=True)  # (bar_block)
+
+
+WHY_LABEL = "why these numbers"
+
+
+def seats_busy_headline(players: list[tuple[str, TracePlayer]], note: str = "", row=None) -> None:
     """The one big number of a side-by-side view: seats busy over the whole run, each policy; under it `note`,
-    and when each run's last request finished."""
+    and when each run's last request finished. The presenter view: one line, the note one click away in a popover
+    (row: two columns for them, e.g. beside the settings; default: a row of its own)."""
     if len(players) != 2:
         return
     parts = [(title.removesuffix(" batching"), f"{p.summary['slot_utilization']:.0%}") for title, p in players]
@@ -202,17 +238,26 @@ def seats_busy_headline(players: list[tuple[str, TracePlayer]], note: str = "") 
         unit = (lambda v: f"{v:,.1f} s") if players[0][1].simulated else (lambda v: f"step {v:,}")
         done = ", ".join(f"{part[0]} {unit(end)}" for part, end in zip(parts, ends))
         note = f"{note} Last request done: {done}.".strip()
-    label = "Seats busy over the whole run (same requests and seats: only the scheduler differs)"
-    st.markdown(headline_html(label, parts, note), unsafe_allow_html=True)
+    if not presenter.on():
+        label = "Seats busy over the whole run (same requests and seats: only the scheduler differs)"
+        st.markdown(headline_html(label, parts, note), unsafe_allow_html=True)
+        return
+    line, why = row or st.columns([8, 1.6], vertical_alignment="center")
+    line.markdown(headline_html("Seats busy, whole run:", parts, one_line=True), unsafe_allow_html=True)
+    with why.popover("why?", icon=":material/info:", help=WHY_LABEL, width="stretch"):
+        st.markdown(f"Same requests and seats: only the scheduler differs. {note}", unsafe_allow_html=True)
 
 
 def play(players: list[tuple[str, TracePlayer]], transport: Transport, headline=None) -> None:
-    """Draw the player; while playing, a timer redraws only this part of the page."""
+    """Draw the player: `headline(players)` once (it is about the whole run), then the transport and the panels;
+    while playing, a timer redraws only that part of the page."""
+    if headline:
+        headline(players)
     timer = transport.timer()
-    st.fragment(_player, run_every=timer, key=transport.key("player"))(players, transport, timer, headline)
+    st.fragment(_player, run_every=timer, key=transport.key("player"))(players, transport, timer)
 
 
-def _player(players, transport: Transport, timer: float | None, headline) -> None:
+def _player(players, transport: Transport, timer: float | None) -> None:
     timeline = Timeline.of([p for _, p in players])
     if transport.timer() != timer:  # play / pause / speed changed: the fragment's timer is set by a full run
         st.rerun(scope="app")
@@ -225,10 +270,15 @@ def _player(players, transport: Transport, timer: float | None, headline) -> Non
     playing = " · playing" if transport.playing else ""
     frame_ms = st.session_state.get(transport.key("frame_ms"))
     drawn = f" · last frame drawn in {frame_ms:.0f} ms" if frame_ms is not None else ""
-    st.caption(f"{timeline.label(transport.step)}{playing}{drawn}")
-    if headline:
-        headline(players)
-    st.markdown(occupancy_legend(any(p.has_stalled for _, p in players)), unsafe_allow_html=True)
+    caption = f"{timeline.label(transport.step)}{playing}{drawn}"
+    legend = occupancy_legend(any(p.has_stalled for _, p in players))
+    if presenter.on():  # one line for both
+        left, right = st.columns([1, 1.7], vertical_alignment="center")
+        left.caption(caption)
+        right.markdown(legend, unsafe_allow_html=True)
+    else:
+        st.caption(caption)
+        st.markdown(legend, unsafe_allow_html=True)
     for column, (title, player) in zip(st.columns(len(players)), players):
         with column:
             panel(title, player, timeline.step_of(player, transport.step))

@@ -1,33 +1,61 @@
 """The presenter view (`?present=1`, or the toggle at the top): the app on a projector, read from the back of a room.
 
-What changes: no sidebar (each view's settings go in an expander above it), larger type (20 px, 24 px on a screen
-1700 px wide or more; Streamlit sizes its text in rem, so raising the root size raises it all), charts drawn with
-larger lettering, and every view leads with one headline number set large. The widths below are what the label
-check in tests/test_presenter.py measures the controls against.
+What changes: no sidebar (each view's settings go in a popover at the top of the view: it floats over the page
+when open and takes one button's room when closed), larger type (20 px, 24 px on a screen 1700 px wide or more;
+Streamlit sizes its text in rem, so raising the root size raises it all), the title and the toggle beside the tabs,
+charts drawn taller and with larger lettering, and every view leads with one line of big numbers. The step player's
+first screen at 1280x720 is the transport, the headline and the two seat charts with the step's event and the queue
+under them (docs/screenshot.py --check-layout measures it in a browser). The widths below are what the label check
+in tests/test_presenter.py measures the controls against.
 """
 
 from __future__ import annotations
+
+from dataclasses import dataclass
 
 import streamlit as st
 
 KEY = "present"  # the toggle's session key and the query parameter
 FONT_PX, WIDE_FONT_PX, WIDE_FROM_PX = 20, 24, 1700  # the root font size, and from which screen width the larger one
 PADDING_REM = 1.0  # the page's left and right padding, in root font sizes
-CHART_TEXT_PX = 24  # the occupancy chart's lettering (drawn into the picture: scaled with it)
-CHART_WIDTH_PX = {1: 1200, 2: 760}  # the chart's width, one panel or two side by side: at 1280 px a two-panel
-# chart is shown about 0.8x (its 24 px text reads as 19 px), at 1920 about 1.2x
+NORMAL_FONT_PX = 16  # Streamlit's own root size (the normal view)
+NORMAL_MAIN_PX = 820  # the normal view's main column on a 1280 px page with the sidebar open (300 px, 5 rem padding)
+LETTERING_PX = {True: 14, False: 10}  # the smallest chart lettering on screen at 1280 px: presenter view, normal view
+
+
+@dataclass(frozen=True)
+class ChartSize:
+    """How an occupancy chart is drawn: its width and smallest lettering in pixels, and its height (None: rows of
+    raster.row_height). Drawn at about the width it is shown at on a 1280 px page, so its lettering is what it says."""
+
+    width: int
+    text_px: int
+    height: int | None = None
+
+
+# Presenter view at 1280x720: a panel of two is (1280 - 2 x 20 - 20) / 2 = 610 px wide; 372 px tall puts two seat
+# charts over half the screen's height with the transport above them and the step's event and queue below. At
+# 1920x1080 the same picture is shown 1.5x (its lettering 30 px); the CSS below caps its height there so the KV map
+# also makes the first screen.
+PRESENTER_CHARTS = {1: ChartSize(1240, 20, 372), 2: ChartSize(610, 20, 372)}
+# Normal view at 1280 px with the sidebar open: a panel of two is 402 px wide, one is 820. Drawn larger than that (a
+# wider screen shows it larger, and sharp), with lettering that comes out at 11.5 and 10.4 px at 1280.
+NORMAL_CHARTS = {1: ChartSize(1100, 14), 2: ChartSize(560, 16)}
 
 # Streamlit prints a button's keyboard shortcut inside it ("Space"), which squeezed "play" out of its box at 1280 px
 # (in either view): the shortcuts still work, and each button's tooltip names its key.
 ALWAYS = "<style>[data-testid^='stBaseButton'] kbd { display: none; }</style>"
 CSS = f"""<style>
 html {{ font-size: {FONT_PX}px !important; }}
-@media (min-width: {WIDE_FROM_PX}px) {{ html {{ font-size: {WIDE_FONT_PX}px !important; }} }}
+@media (min-width: {WIDE_FROM_PX}px) {{ html {{ font-size: {WIDE_FONT_PX}px !important; }}
+  img[data-chart] {{ max-height: 50vh; object-fit: contain; object-position: left top; }} }}
 section[data-testid="stSidebar"], [data-testid="stSidebarCollapsedControl"], [data-testid="stExpandSidebarButton"],
 header[data-testid="stHeader"] {{ display: none !important; }}
 [data-testid="stMainBlockContainer"] {{ padding: 0.2rem {PADDING_REM}rem 2rem {PADDING_REM}rem !important;
-  max-width: 100% !important; }}
-[data-testid="stMainBlockContainer"] [data-testid="stVerticalBlock"] {{ gap: 0.6rem; }}
+  max-width: 100% !important; position: relative; }}
+[data-testid="stMainBlockContainer"] [data-testid="stVerticalBlock"] {{ gap: 0.4rem; }}
+.st-key-app-bar {{ position: absolute; top: 0.55rem; right: {PADDING_REM}rem; width: auto !important; z-index: 5; }}
+[data-testid="stMainBlockContainer"] h3 {{ font-size: 1.25rem; padding: 0.1rem 0 1rem 0; }}
 </style>"""
 
 
@@ -59,20 +87,28 @@ def style() -> None:
     st.markdown(ALWAYS + (CSS if on() else ""), unsafe_allow_html=True)
 
 
-def settings(label: str, where=None):
-    """Where a view puts its settings: the sidebar, or in the presenter view an expander at the top of the view
-    (or in `where`, e.g. a column, to share a row with another)."""
-    return (where or st).expander(label, icon=":material/tune:") if on() else st.sidebar
+def settings(label: str, where=None, short: str | None = None):
+    """Where a view puts its settings: the sidebar, or in the presenter view a popover (in `where`, e.g. a column,
+    to share a row with the transport or the headline), its button labelled `short` (default `label`)."""
+    if not on():
+        return st.sidebar
+    return (where or st).popover(short or label, help=label, width="stretch")
 
 
-def settings_row(count: int) -> list:
-    """Columns for `count` settings expanders side by side in the presenter view (none needed otherwise)."""
-    return list(st.columns(count)) if on() else [None] * count
+def heading(bar, text: str) -> None:
+    """A settings group's title: a header in the sidebar, bold in a popover."""
+    if bar is st.sidebar:
+        bar.header(text)
+    else:
+        bar.markdown(f"**{text}**")
 
 
-def chart_width(panels: int, normal: int) -> int:
-    return CHART_WIDTH_PX.get(panels, CHART_WIDTH_PX[2]) if on() else normal
+def settings_row(weights: list[float]) -> list:
+    """Columns of these weights for the settings popovers and what shares their row (the headline) in the presenter
+    view; Nones otherwise (settings go to the sidebar)."""
+    return list(st.columns(weights, vertical_alignment="center")) if on() else [None] * len(weights)
 
 
-def chart_text_px(normal: int) -> int:
-    return CHART_TEXT_PX if on() else normal
+def chart_size(panels: int) -> ChartSize:
+    sizes = PRESENTER_CHARTS if on() else NORMAL_CHARTS
+    return sizes.get(panels, sizes[2])

@@ -1,13 +1,13 @@
 """The step player view: the tiny model serving a crowd, static beside continuous, step by step.
 
-The engine runs once per configuration (cached); playing only replays the recorded trace,
-so scrubbing back and forth is instant and every picture comes from the trace alone.
+The engine runs once per configuration (cached in memory and on disk, trace_store.py, where a background worker
+also runs the settings one change away); playing only replays the recorded trace, so scrubbing back and forth is
+instant and every picture comes from the trace alone.
 """
 
 from __future__ import annotations
 
 import importlib.util
-import io
 import json
 from pathlib import Path
 
@@ -18,13 +18,11 @@ from minillm.engine.scheduler import DEFAULT_TOKEN_BUDGET
 from minillm.engine.trace import Trace
 from minillm.errors import MinillmError
 from minillm.model.checkpoint import load_model
-from minillm.runs import trace_file
 from minillm.runs.metrics import one_user_left, utilization_now
-from minillm.runs.run import run_workload
-from minillm.runs.workload import SEED_STORY_SLOTS, WORKLOADS, ChatKnobs
-from viz import plot_occupancy
-from viz.app import presenter
+from minillm.runs.workload import SEED_STORY_SLOTS, WORKLOADS
+from viz.app import presenter, trace_store
 from viz.app.playback import Transport, play, seats_busy_headline
+from viz.app.trace_files import exports, uploaded_players
 from viz.player import TracePlayer
 
 MY_SCHEDULER_FILE = Path(__file__).parent.parent / "lessons" / "exercises" / "lesson04_continuous.py"
@@ -38,6 +36,8 @@ SCHEDULES = {  # choice -> the schedulers shown, left to right
 }
 TITLES = {"static": "static batching", "continuous": "continuous batching", "mine": "my scheduler"}
 RATES = [0.05, 0.1, 0.25, 0.5, 1.0, 2.0, 4.0, 1000.0]  # mean arrivals per step
+MAX_SEATS, DEFAULT_SEATS = 16, 8  # the seats slider (the seed story's default: SEED_STORY_SLOTS)
+DEFAULT_KNOBS = {"requests": 32, "rate": 0.5, "mean_reply": 80, "spread": 1.0}  # a crowd's sliders, untouched
 BUDGETS = [0, 8, 16, 32, 64, 128, 256, 512, 1024]  # tokens per step; 0: none
 WORKLOAD_HELP = (
     "seed-story: the lessons' 8 users. system-prompt: users share long system prompts (try prefix caching). "
@@ -73,25 +73,25 @@ def load_my_scheduler():
     return scheduler
 
 
-@st.cache_data(max_entries=16, show_spinner=False)
-def cached_run(scheduler: str, source: str, device: str, settings: str) -> dict:
-    """One engine run as a trace dict. `source` (the student's file) is only a cache key: edits rerun it."""
-    policy = load_my_scheduler() if scheduler == "mine" else scheduler  # a name: run_workload applies the budget
-    settings = json.loads(settings)
-    workload, knobs = settings.pop("workload"), settings.pop("knobs")
-    knobs = ChatKnobs(**knobs) if knobs else None
-    return run_workload(cached_model(device), workload, policy, knobs=knobs, **settings).to_dict()
-
-
-@st.cache_resource(max_entries=8, show_spinner=False)  # a long contiguous trace is tens of MB
+@st.cache_resource(max_entries=12, show_spinner=False)  # a long contiguous trace is tens of MB
 def cached_trace(scheduler: str, source: str, device: str, settings: str) -> Trace:
-    """The run as a Trace object, shared (cache_resource): replaying never copies it."""
-    return Trace.from_dict(cached_run(scheduler, source, device, settings))
+    """One engine run as a Trace object, shared (cache_resource): replaying never copies it. Read from the disk
+    (trace_store.py) when an earlier session or the background worker has made it, else run here and kept there.
+    `source` (the student's file) is only a cache key: edits rerun it (and their runs are not kept on disk)."""
+    if scheduler == "mine":  # a name: run_workload applies the budget
+        return trace_store.run((load_my_scheduler(), json.loads(settings), device), cached_model(device))
+    job = (scheduler, json.loads(settings), device)
+    trace = trace_store.load(job) or trace_store.wait_for(job)
+    if trace is None:
+        trace = Trace.from_dict(trace_store.run(job, cached_model(device)).to_dict())  # (as a read one would be)
+        trace_store.save(job, trace)
+    return trace
 
 
 @st.cache_resource(max_entries=8, show_spinner=False)
-def cached_player(_trace: Trace, run_key: str, width: int, axis_steps: int, text_px: int) -> TracePlayer:
-    return TracePlayer(_trace, width, axis_steps, text_px=text_px)
+def cached_player(_trace: Trace, run_key: str, width: int, text_px: int, height: int | None, axis_steps: int
+                  ) -> TracePlayer:  # fmt: skip
+    return TracePlayer(_trace, width, axis_steps, text_px=text_px, height=height)
 
 
 def trace_for(scheduler: str, settings: dict, device: str) -> tuple[Trace, str]:
@@ -102,52 +102,56 @@ def trace_for(scheduler: str, settings: dict, device: str) -> tuple[Trace, str]:
         return cached_trace(*key), json.dumps(key)
 
 
-@st.cache_resource(max_entries=2, show_spinner="Reading the trace…")
-def cached_upload(data: bytes) -> TracePlayer | str:
-    trace = load_uploaded_trace(data)
-    if isinstance(trace, str):
-        return trace
-    seconds = trace.steps[-1].time_s if trace.config.get("clock") == "simulated" else None
-    return TracePlayer(trace, 1200, axis_seconds=seconds)
+def nearby(settings: dict) -> list[dict]:
+    """The settings one change away from these, the likeliest first: the other KV layout, one seat more or fewer, each
+    other workload (its own defaults), then the seats further away and the other token budgets. What a room asks
+    for next; the background worker runs them (trace_store.warm)."""
+    other_kv = {"kv": "contiguous", "num_blocks": None, "prefix_caching": False} if settings["kv"] == "paged" else {
+        "kv": "paged"}  # fmt: skip
+    seats = sorted((s for s in range(1, MAX_SEATS + 1) if s != settings["slots"]),
+                   key=lambda s: abs(s - settings["slots"]))  # fmt: skip
+    workloads = [settings | {"workload": w, "knobs": None if w == "seed-story" else DEFAULT_KNOBS, "seed": 0,
+                             "slots": SEED_STORY_SLOTS if w == "seed-story" else DEFAULT_SEATS}
+                 for w in WORKLOADS if w != settings["workload"]]  # fmt: skip
+    near = [settings | other_kv, *(settings | {"slots": s} for s in seats[:2]), *workloads]
+    far = [settings | {"slots": s} for s in seats[2:]] + [settings | {"token_budget": b} for b in BUDGETS
+                                                         if b != settings["token_budget"]]  # fmt: skip
+    return near + far
 
 
-def load_uploaded_trace(data: bytes) -> Trace | str:
-    """A trace from an uploaded file, or the one-line reason it is not a valid minillm trace."""
-    try:
-        trace = trace_file.loads(data)
-        TracePlayer(trace, 400).frame(0)  # valid on paper is not enough: it must also draw
-        return trace
-    except trace_file.TraceError as e:
-        return str(e)
-    except (TypeError, ValueError, KeyError, IndexError, AttributeError) as e:
-        return f"invalid minillm trace: {type(e).__name__}: {e}"
+def warm_nearby(settings: dict, device: str, schedule: str) -> None:
+    """Have the worker run the settings a room may change to next, for both policies (not the student's); first
+    those on screen in the reverse order (the worker runs the second while this session runs the first)."""
+    policies = [scheduler for scheduler in SCHEDULES[schedule] if scheduler != "mine"]
+    if policies == SCHEDULES[schedule]:  # (beside the student's scheduler, only the policy shown with it)
+        policies = ["static", "continuous"]
+    shown = [(scheduler, settings, device) for scheduler in reversed(SCHEDULES[schedule]) if scheduler != "mine"]
+    trace_store.warm(shown + [(scheduler, s, device) for s in nearby(settings) for scheduler in policies])
 
 
 # --- the settings (the sidebar; in the presenter view, an expander) ------------------------------------------------
-def heading(bar, text: str) -> None:
-    if bar is st.sidebar:
-        bar.header(text)
-    else:
-        bar.markdown(f"**{text}**")
-
-
 def sidebar(where=None) -> tuple[dict, str, str]:
     """Settings of the run (the cache key), the device and which schedulers to show."""
-    bar = presenter.settings("settings: workload, seats, KV, schedulers", where)
-    heading(bar, "Workload")
+    bar = presenter.settings("settings: workload, seats, KV, schedulers", where, "settings")
+    presenter.heading(bar, "Workload")
     workload = bar.selectbox("workload", WORKLOADS, key="workload", help=WORKLOAD_HELP)
     knobs, seed = None, 0
     if workload != "seed-story":
+        default = DEFAULT_KNOBS
         knobs = {
-            "requests": bar.slider("requests", 1, 128, 32, key="requests"),
-            "rate": bar.select_slider("arrivals per step", RATES, 0.5, key="rate", help="1000: all at once"),
-            "mean_reply": bar.slider("mean reply length (tokens)", 5, 300, 80, key="mean_reply"),
-            "spread": bar.slider("reply-length spread", 0.0, 1.0, 1.0, key="spread", help="0: all equal; 1: long tail"),
+            "requests": bar.slider("requests", 1, 128, default["requests"], key="requests"),
+            "rate": bar.select_slider(
+                "arrivals per step", RATES, default["rate"], key="rate", help="1000: all at once"
+            ),  # fmt: skip
+            "mean_reply": bar.slider("mean reply length (tokens)", 5, 300, default["mean_reply"], key="mean_reply"),
+            "spread": bar.slider(
+                "reply-length spread", 0.0, 1.0, default["spread"], key="spread", help="0: all equal; 1: long tail"
+            ),  # fmt: skip
         }
         seed = bar.number_input("seed", 0, 10_000, 0, key="seed")
-    heading(bar, "Engine")
+    presenter.heading(bar, "Engine")
     story = workload == "seed-story"
-    slots = bar.slider("seats", 1, 16, SEED_STORY_SLOTS if story else 8, key=f"slots-{story}")
+    slots = bar.slider("seats", 1, MAX_SEATS, SEED_STORY_SLOTS if story else DEFAULT_SEATS, key=f"slots-{story}")
     budget = bar.select_slider(
         "token budget (tokens per step)", BUDGETS, DEFAULT_TOKEN_BUDGET, key="token_budget",
         format_func=lambda b: "none" if b == 0 else str(b),
@@ -168,46 +172,12 @@ def sidebar(where=None) -> tuple[dict, str, str]:
                                   "them in the same step and keeps the right ones")  # fmt: skip
     devices = ["cpu", "cuda"] if torch.cuda.is_available() else ["cpu"]
     device = bar.radio("device", devices, horizontal=True, key="device") if len(devices) > 1 else "cpu"
-    heading(bar, "View")
+    presenter.heading(bar, "View")
     schedule = bar.radio("scheduler", list(SCHEDULES), key="schedule")
     settings = {"workload": workload, "knobs": knobs, "seed": int(seed), "slots": slots, "kv": kv}
     settings |= {"block_size": block_size, "num_blocks": int(num_blocks) if num_blocks else None}
     settings |= {"token_budget": budget, "prefix_caching": prefix, "speculate": speculate}
     return settings, device, schedule
-
-
-def remember_upload() -> None:
-    upload = st.session_state.get("upload")
-    st.session_state.upload_bytes = upload.getvalue() if upload is not None else None
-
-
-def exports(players: list[tuple[str, TracePlayer]], where=None) -> None:
-    """Downloads are built only when clicked, and clicking does not rerun the app."""
-    bar = presenter.settings("save or load a trace", where)
-    heading(bar, "Save / load a trace")
-    for title, player in players:
-        trace, name = player.trace, f"minillm-{player.trace.config['workload']}-{title.replace(' ', '-')}"
-        bar.download_button(
-            f"⬇ trace JSON ({title})",
-            data=lambda t=trace: json.dumps(t.to_dict()),
-            file_name=f"{name}.json",
-            mime="application/json",
-            on_click="ignore",
-        )
-        bar.download_button(
-            f"⬇ occupancy PNG ({title})",
-            data=lambda t=trace: figure_png(plot_occupancy(t)),
-            file_name=f"{name}.png",
-            mime="image/png",
-            on_click="ignore",
-        )
-    bar.file_uploader("replay a saved trace (.json)", type=["json"], key="upload", on_change=remember_upload)
-
-
-def figure_png(fig) -> bytes:
-    buffer = io.BytesIO()
-    fig.savefig(buffer, format="png", dpi=150)
-    return buffer.getvalue()
 
 
 # --- the view -------------------------------------------------------------------------------------
@@ -232,22 +202,9 @@ def story_moment(players: list[tuple[str, TracePlayer]]) -> str:
     )
 
 
-def comparison(players: list[tuple[str, TracePlayer]]) -> None:
+def comparison(players: list[tuple[str, TracePlayer]], row=None) -> None:
     """The headline of a side-by-side view, over the whole run (with the articles' figures for the seed story)."""
-    seats_busy_headline(players, story_moment(players))
-
-
-def uploaded_players() -> list[tuple[str, TracePlayer]]:
-    """The uploaded trace, if one is loaded; a bad file is reported and the live runs stay on screen."""
-    upload = st.session_state.upload_bytes
-    loaded = cached_upload(upload) if upload else None
-    if isinstance(loaded, str):
-        st.error(f"That file cannot be replayed: {loaded}")
-    if not isinstance(loaded, TracePlayer):
-        return []
-    config = loaded.trace.config
-    st.info(f"Replaying an uploaded trace ({config['scheduler']}, {config['workload']}); clear it in the sidebar.")
-    return [(f"uploaded: {config['scheduler']}", loaded)]
+    seats_busy_headline(players, story_moment(players), row)
 
 
 def live_players(settings: dict, device: str, schedule: str) -> list[tuple[str, TracePlayer]]:
@@ -262,14 +219,12 @@ def live_players(settings: dict, device: str, schedule: str) -> list[tuple[str, 
             st.error(f"{TITLES[scheduler]}: {e}")
         except Exception as e:  # the student's scheduler may fail in any way: say how, keep the app alive
             st.error(f"{TITLES[scheduler]} failed: {type(e).__name__}: {e}")
-    panels = len(SCHEDULES[schedule])
-    width = presenter.chart_width(panels, 1200 if panels == 1 else 700)
-    text_px = presenter.chart_text_px(12)
+    size = presenter.chart_size(len(SCHEDULES[schedule]))
     axis_steps = max((len(trace.steps) for _, trace, _ in runs), default=0)  # one time axis for the runs shown
     players = []
     for title, trace, key in runs:
         if trace.steps:
-            players.append((title, cached_player(trace, key, width, axis_steps, text_px)))
+            players.append((title, cached_player(trace, key, size.width, size.text_px, size.height, axis_steps)))
         else:
             st.warning(f"{title}: nothing to replay: every request was rejected (see the KV and seat settings).")
     return players
@@ -285,9 +240,12 @@ def show() -> None:
     start = st.query_params.get("step", "0")  # ?step=300 opens at that step: a link to a moment of the lesson
     transport = Transport(position=int(start) if start.isdigit() else 0)
     st.session_state.setdefault("upload_bytes", None)
-    left, right = presenter.settings_row(2)
-    settings, device, schedule = sidebar(left)
+    # the presenter view's first row: the settings' and the trace's popovers, the headline, and why it says so
+    settings_at, trace_at, *headline_at = presenter.settings_row([1.45, 1.2, 8, 1.35])
+    settings, device, schedule = sidebar(settings_at)
+    warm_nearby(settings, device, schedule)
     players = uploaded_players() or live_players(settings, device, schedule)
-    exports(players, right)
+    exports(players, trace_at)
     if players:
-        play(players, transport, headline=comparison)
+        comparison(players, headline_at if presenter.on() else None)
+        play(players, transport)

@@ -29,7 +29,8 @@ from minillm.card.modelspec import load_spec, shipped_models
 from minillm.card.roofline import KV_BYTES, WEIGHT_BYTES
 from minillm.errors import MinillmError
 from viz.app import crowd, presenter
-from viz.card import BLOCK, plot_memory_split, plot_speed_by_batch, plot_users_by_context
+from viz.app.playback import png_html
+from viz.card import BLOCK, plot_memory_split, plot_speed_by_batch, plot_users_by_context, smallest_text_pt
 from viz.html import figures_html, headline_html
 
 CONTEXTS = [256, 512, 1024, 2048, 4096, 8192, 16384, 32768, 65536, 131072]
@@ -71,21 +72,29 @@ def new_axes(width_in: float, height_in: float):
     return Figure(figsize=(width_in, height_in), layout="constrained").add_subplot()
 
 
+# The card's pictures, in inches at DPI. A figure's lettering on screen is its points / 72 x the pixels it is shown
+# at / its width in inches, whatever the dpi: the memory split (8 in, shown 1,120-1,240 px wide at 1280) gets 9 pt
+# legends at 17-19 px, the two side by side (4.8 in, shown 552-610 px) at 14-16 px. (6 in wide in the normal view
+# they came out at 8-9 px once the sidebar was open.)
+MEMORY_IN, PANEL_IN, DPI = (8.0, 2.06), (4.8, 2.88), 150
+
+
 @st.cache_data(max_entries=32, show_spinner=False)
-def card_pictures(card: str, model: str, dtype: str, kv_dtype: str, context: int, large: bool = False):
-    """The memory split, users against context and speed against batch (None where not one user fits), as PNGs.
-    large (the presenter view): the same drawings on smaller canvases at a higher resolution, so their lettering
-    comes out about 1.4 times as large on screen."""
+def card_pictures(card: str, model: str, dtype: str, kv_dtype: str, context: int):
+    """The memory split, users against context and speed against batch (None where not one user fits), each as
+    (PNG, its smallest lettering in the PNG's pixels)."""
     spec, device = load_spec(model), get_device(card, "auto")
     plan = whatif.plan(spec, device, dtype, kv_dtype, context)
-    shrink, dpi = (0.8, 150) if large else (1.0, 110)
     args = (spec, device, context, dtype, kv_dtype)
+
+    def picture(fig) -> tuple[bytes, float]:
+        png = figure_png(fig, DPI)
+        return png, smallest_text_pt(fig) * DPI / 72
+
     return (
-        figure_png(plot_memory_split(plan, ax=new_axes(10 * shrink, 2.2 * shrink + (0.3 if large else 0))), dpi),
-        figure_png(plot_users_by_context(*args, ax=new_axes(6 * shrink, 3.6 * shrink)), dpi),
-        figure_png(plot_speed_by_batch(*args, ax=new_axes(6 * shrink, 3.6 * shrink)), dpi)
-        if plan["max_users"]
-        else None,
+        picture(plot_memory_split(plan, ax=new_axes(*MEMORY_IN))),
+        picture(plot_users_by_context(*args, ax=new_axes(*PANEL_IN))),
+        picture(plot_speed_by_batch(*args, ax=new_axes(*PANEL_IN))) if plan["max_users"] else None,
     )
 
 
@@ -115,37 +124,43 @@ def headline(plan: dict, crowd: dict | None) -> None:
     st.markdown(headline_html(f"Each user holding {plan['context']:,} tokens of KV cache", parts, note),
                 unsafe_allow_html=True)  # fmt: skip
     st.markdown(figures_html([
-        ("tokens/s in total", f"{crowd['tokens_per_s']:,.0f}", f"{crowd['batch']} users", "all users together"),
+        ("tokens/s, all decoding", f"{crowd['tokens_per_s']:,.0f}", f"{crowd['batch']} users at once",
+         "every user that fits decoding in the same step (the roofline): the crowd below also runs prompts"),
         ("one user alone, tokens/s", f"{plan['single_user_tokens_per_s']:,.1f}", "", ceiling),
         ("bound", crowd["bound"], f"{crowd['intensity']:.1f} FLOPs/byte",
          f"against the card's ridge of {crowd['ridge_intensity']:.0f} FLOPs per byte"),
     ]), unsafe_allow_html=True)  # fmt: skip
 
 
-def card_view(choice: dict) -> bool:
-    """The roofline half. Returns whether at least one user fits (a crowd needs a seat)."""
+def card_view(choice: dict) -> dict | None:
+    """The roofline half. Returns the plan of every user that fits decoding together (the headline's figures), or
+    None when not one user fits (a crowd needs a seat)."""
     try:
         spec, device = load_spec(choice["model"]), get_device(choice["card"], "auto")
         args = (choice["dtype"], choice["kv_dtype"], choice["context"])
         plan = whatif.plan(spec, device, *args)
         crowd = whatif.plan(spec, device, *args, batch=plan["max_users"]) if plan["max_users"] else None
-        pictures = card_pictures(choice["card"], choice["model"], *args, large=presenter.on())
+        pictures = card_pictures(choice["card"], choice["model"], *args)
     except MinillmError as e:
         st.error(str(e))
-        return False
+        return None
     headline(plan, crowd)
     memory, users, speed = pictures
-    st.image(memory, width="stretch")
+
+    def show(where, picture: tuple[bytes, float], alt: str) -> None:  # inline, marked with its lettering
+        where.markdown(png_html(picture[0], alt, picture[1]), unsafe_allow_html=True)
+
+    show(st, memory, "where the card's memory goes")
     left, right = st.columns(2)
-    left.image(users, width="stretch")
+    show(left, users, "users that fit against context")
     if crowd:
-        right.image(speed, width="stretch")
+        show(right, speed, "decode speed against batch")
     else:  # a speed for users who cannot be served would contradict the number above
         right.info(f"No decode speed: not one user fits. {no_user_reason(plan).capitalize()}.")
     with st.expander("the numbers, as `python -m minillm whatif` prints them"):
         flags = f"--model {choice['model']} --gpu {choice['card']} --dtype {args[0]} --kv-dtype {args[1]}"
         st.code(f"$ python -m minillm whatif {flags} --context {args[2]}\n{whatif.summary(plan)}", language=None)
-    return crowd is not None
+    return crowd
 
 
 @st.cache_data(max_entries=2, show_spinner=False)
@@ -185,6 +200,7 @@ def show() -> None:
     choice = pickers()
     if choice["card"] == "this-machine":
         this_machine_view()
-    if card_view(choice):
+    everyone = card_view(choice)
+    if everyone:
         st.divider()
-        crowd.crowd_view(choice)
+        crowd.crowd_view(choice, everyone)

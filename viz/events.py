@@ -1,0 +1,81 @@
+"""What happened in one step, in a line: who was admitted, who finished, who was preempted, which seats were freed.
+
+The occupancy chart shows it as colour changes a room can miss; the step player says it in words under the chart
+("seat 2 freed, E admitted"). Everything comes from two consecutive StepRecords: the step's own admitted /
+finished / preempted lists, and its seats beside the previous step's (a seat is freed when the request that sat in
+it is gone; static batching's finished users stay seated, held, until the whole batch is done).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from minillm.engine.trace import Trace
+
+NAMES_SHOWN = 4  # ids or seats named in a list; the rest are counted ("E, F, G, H and 3 more")
+
+
+@dataclass(frozen=True)
+class StepEvents:
+    step: int
+    freed: list[int]  # seats whose request left since the previous step (finished, preempted, or its batch ended)
+    admitted: list[tuple[str, int]]  # (request, the seat it got)
+    finished: list[str]  # made their last token this step
+    preempted: list[str]  # sent back to the queue, their KV blocks freed
+    held: list[tuple[str, int]]  # (request, seat): done, its seat now held idle until the batch ends (static)
+
+    @property
+    def quiet(self) -> bool:
+        return not (self.freed or self.admitted or self.finished or self.preempted or self.held)
+
+
+def step_events(trace: Trace, step: int) -> StepEvents:
+    """The changes of `step` against the step before it (step 0: against empty seats)."""
+    record = trace.steps[step]
+    before = {seat: (rid, state) for seat, rid, state, _, _ in trace.steps[step - 1].seats} if step > 0 else {}
+    now = {seat: (rid, state) for seat, rid, state, _, _ in record.seats}
+    seat_of = {rid: seat for seat, (rid, _) in now.items()}
+    freed = sorted(seat for seat, (rid, _) in before.items() if now.get(seat, (None,))[0] != rid)
+    held = [(rid, seat) for seat, (rid, state) in sorted(now.items())
+            if state == "held" and before.get(seat, (None, "held"))[1] != "held"]  # fmt: skip
+    admitted = [(rid, seat_of[rid]) for rid in record.admitted if rid in seat_of]
+    return StepEvents(step, freed, admitted, list(record.finished), list(record.preempted), held)
+
+
+def _names(items: list) -> str:
+    """A list in words: E; E and F; E, F and G; E, F, G, H and 3 more."""
+    words = [str(i) for i in items]
+    if len(words) > NAMES_SHOWN:
+        return f"{', '.join(words[:NAMES_SHOWN])} and {len(words) - NAMES_SHOWN} more"
+    return words[0] if len(words) == 1 else f"{', '.join(words[:-1])} and {words[-1]}"
+
+
+def _seats(seats: list[int]) -> str:
+    """Seats in words: seat 2; seats 0–3; seats 1, 4 and 6."""
+    if len(seats) == 1:
+        return f"seat {seats[0]}"
+    if seats == list(range(seats[0], seats[-1] + 1)):
+        return f"seats {seats[0]}–{seats[-1]}"
+    return f"seats {_names(seats)}"
+
+
+def describe(events: StepEvents, running: int = 0) -> str:
+    """The step in one line, in the order things happen to a seat: freed, taken, finished, held, preempted.
+    running: seats at work, for a step where nothing changed."""
+    parts = []
+    if events.freed:
+        parts.append(f"{_seats(events.freed)} freed")
+    if events.admitted:
+        rids, seats = [r for r, _ in events.admitted], sorted(s for _, s in events.admitted)
+        parts.append(f"{_names(rids)} admitted" + ("" if events.freed == seats else f" ({_seats(seats)})"))
+    if events.finished:
+        parts.append(f"{_names(events.finished)} finished")
+    if len(events.held) == 1:
+        parts.append(f"{events.held[0][0]}'s seat {events.held[0][1]} held idle until the batch is done")
+    elif events.held:
+        parts.append(f"{_seats([s for _, s in events.held])} held idle until the batch is done")
+    if events.preempted:
+        parts.append(f"{_names(events.preempted)} preempted (back to the queue)")
+    if not parts:
+        return f"no change: {running} seat{'s' if running != 1 else ''} at work" if running else "no change"
+    return ", ".join(parts)
