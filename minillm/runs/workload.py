@@ -164,8 +164,9 @@ def _chat_request(rid: str, rng: random.Random, knobs: ChatKnobs, preamble: str 
 def _arrive(requests: list[Request], knobs: ChatKnobs, rng: random.Random) -> list[Request]:
     """Give each request its arrival: Poisson per step (exponential gaps of mean 1 / rate steps) or per second."""
     if knobs.rate_per_s is not None:
+        at_once = knobs.rate_per_s >= len(requests)  # (as `rate` per step: as many a second as there are: all at 0 s)
         for r, t in zip(requests, poisson_arrivals(len(requests), knobs.rate_per_s, rng)):
-            r.arrival_s = t
+            r.arrival_s = 0.0 if at_once else t
         return requests
     clock = 0.0
     for r in requests:
