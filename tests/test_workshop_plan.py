@@ -1,16 +1,16 @@
-"""The README's two session plans add up: start times follow from the minutes, each session fits two hours,
+"""The workshop's two session plans (docs/workshop.md) add up: start times follow from the minutes, each session fits two hours,
 at most 100 minutes of content (as its heading says) with a break and ten minutes for questions."""
 
 import re
 from pathlib import Path
 
-README = (Path(__file__).resolve().parents[1] / "README.md").read_text()
+PLANS = (Path(__file__).resolve().parents[1] / "docs" / "workshop.md").read_text()
 
 
 def sessions() -> dict[str, tuple[int, list[tuple[int, str, int]]]]:
     """{"Session 1": (content minutes in the heading, [(start minute, what, minutes), ...]), ...}"""
     found = {}
-    for match in re.finditer(r"^(Session \d), .*\(content: (\d+) minutes.*\n\n((?:\|.*\n)+)", README, re.M):
+    for match in re.finditer(r"^(Session \d), .*\(content: (\d+) minutes.*\n\n((?:\|.*\n)+)", PLANS, re.M):
         rows = []
         for line in match.group(3).splitlines()[2:]:  # past the header and the |---| line
             at, what, minutes = (cell.strip() for cell in line.strip("|").split("|"))
