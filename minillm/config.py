@@ -60,6 +60,19 @@ class ModelConfig:
         return cls(**data)
 
 
+def check_split(name: str, heads: int, kv_heads: int, columns: int, tp: int, part: str = "rank") -> None:
+    """Tensor parallelism gives each of `tp` ranks (or cards) whole heads and an equal share of the MLP's columns:
+    `tp` must divide every count (parallel/shard.py splits the tiny model so; card/tensor_parallel.py prices it)."""
+    if not isinstance(tp, int) or isinstance(tp, bool) or tp < 1:
+        raise ConfigError(f"--tp must be a whole number of {part}s, at least 1; got {tp!r}")
+    counts = {"query heads": heads, "key/value heads": kv_heads, "MLP columns": columns}
+    if any(n % tp for n in counts.values()):
+        fits = [d for d in range(1, kv_heads + 1) if all(n % d == 0 for n in counts.values())]
+        have = ", ".join(f"{n} {what}" for what, n in counts.items())
+        raise ConfigError(f"--tp {tp} cannot split {name} ({have}): each {part} takes whole heads, so tp must "
+                          f"divide every count; choose one of {', '.join(map(str, fits))}")  # fmt: skip
+
+
 MAX_SPECULATE = 16  # draft tokens per step: past a handful, a guess that far ahead is almost never right
 
 

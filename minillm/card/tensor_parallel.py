@@ -32,6 +32,7 @@ from minillm.card.enginecost import EngineStep, engine_step
 from minillm.card.hardware import Device, Link, get_link
 from minillm.card.modelspec import ModelSpec
 from minillm.card.roofline import tally
+from minillm.config import check_split
 from minillm.errors import ConfigError
 
 BATCHES = tuple(2**i for i in range(13))  # 1 ... 4096: where the all-reduces' share of a decode step is looked for
@@ -39,14 +40,7 @@ BATCHES = tuple(2**i for i in range(13))  # 1 ... 4096: where the all-reduces' s
 
 def check_tp(spec: ModelSpec, tp: int) -> None:
     """`tp` must split the query heads, the key/value heads and the MLP's columns evenly (parallel.shard's rule)."""
-    if not isinstance(tp, int) or isinstance(tp, bool) or tp < 1:
-        raise ConfigError(f"--tp must be a whole number of cards, at least 1; got {tp!r}")
-    counts = {"query heads": spec.heads, "key/value heads": spec.kv_heads, "MLP columns": spec.intermediate}
-    if any(n % tp for n in counts.values()):
-        fits = [d for d in range(1, spec.kv_heads + 1) if all(n % d == 0 for n in counts.values())]
-        have = ", ".join(f"{n} {what}" for what, n in counts.items())
-        raise ConfigError(f"--tp {tp} cannot split {spec.name} ({have}): each card takes whole heads, so tp must "
-                          f"divide every count; choose one of {', '.join(map(str, fits))}")  # fmt: skip
+    check_split(spec.name, spec.heads, spec.kv_heads, spec.intermediate, tp, part="card")
 
 
 def tp_choices(spec: ModelSpec) -> list[int]:

@@ -27,20 +27,12 @@ import torch.distributed as dist
 import torch.nn.functional as F
 from torch import nn
 
-from minillm.config import ModelConfig
-from minillm.errors import ConfigError
+from minillm.config import ModelConfig, check_split
 
 
 def check_tp(cfg: ModelConfig, tp: int) -> None:
     """`tp` must split the query heads, the key/value heads and the MLP's columns evenly."""
-    if not isinstance(tp, int) or tp < 1:
-        raise ConfigError(f"--tp must be a whole number of ranks, at least 1; got {tp!r}")
-    counts = {"query heads": cfg.n_heads, "key/value heads": cfg.n_kv_heads, "MLP columns": cfg.ffn_dim}
-    if any(n % tp for n in counts.values()):
-        fits = [d for d in range(1, cfg.n_kv_heads + 1) if all(n % d == 0 for n in counts.values())]
-        have = ", ".join(f"{n} {what}" for what, n in counts.items())
-        raise ConfigError(f"--tp {tp} cannot split this model ({have}): each rank takes whole heads, so tp must "
-                          f"divide every count; choose one of {', '.join(map(str, fits))}")  # fmt: skip
+    check_split("this model", cfg.n_heads, cfg.n_kv_heads, cfg.ffn_dim, tp)
 
 
 def shard_view(cfg: ModelConfig, tp: int) -> ModelConfig:
