@@ -95,6 +95,7 @@ LESSON_NOTEBOOKS = {
     "10": "10_engine_to_server.ipynb",
     "11": "11_speculative_decoding.ipynb",
     "12": "12_tensor_parallel.ipynb",
+    "13": "13_fleet.ipynb",
     "14": "14_output_that_obeys.ipynb",
 }
 

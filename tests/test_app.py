@@ -204,6 +204,23 @@ def test_speculation_draws_each_steps_guesses_in_the_chat():
     assert int(figure(at, "new tokens")[0]) > 4  # 4 users, several tokens each in one step
 
 
+def test_constrained_replies_say_how_many_tokens_each_steps_mask_allowed():
+    """Every other user of the seed story held to numbers: their bubbles and the seat chart's tooltip give each
+    step's count (StepRecord.allowed); the free users' bubbles say nothing of a mask."""
+    at = open_app(schedule="continuous", constrained=True, step=14)
+    assert not at.exception and not at.error
+    chat = next(m.value for m in at.markdown if "data-chat" in m.value)
+    rows = dict(re.findall(r'data-request="([^"]+)"(.*?)(?=data-request=|$)', chat, flags=re.S))
+    counts = {rid: int(n) for rid, row in rows.items() for n in re.findall(r"· (\d+) of 260 tokens allowed", row)}
+    assert counts and set(counts) <= {"B", "D", "F", "H"}  # the second user, the fourth...
+    assert all(0 < n < 260 for n in counts.values())
+    assert all("data-allowed" in rows[rid] for rid in ("B", "D", "F", "H") if rid in rows)  # (or: held to a pattern)
+    assert not any("data-allowed" in rows[rid] for rid in ("A", "C", "E", "G") if rid in rows)
+    chart = next(m.value for m in at.markdown if "data-chart" in m.value)
+    tooltip = re.search(r'data-chart title="([^"]*)"', chart).group(1)
+    assert all(f"{rid} {n} of 260" in tooltip for rid, n in counts.items())
+
+
 def test_switching_workload_shows_its_knobs():
     at = open_app(requests=6, mean_reply=10, schedule="continuous")
     at.selectbox(key="workload").set_value("chat").run()
@@ -368,6 +385,35 @@ def test_the_crowd_follows_the_context_slider():
     long = crowd_line(open_app(view="what-if", wi_context=16384, **SMALL_CROWD))
     assert f"{roofline.max_users(spec, card, 16384)} seats (one per user that fits at 16,384)" in long
     assert "turned away" not in long
+
+
+def test_what_if_splits_the_model_over_cards_and_prices_the_link():
+    """cards (tp) offers every split the model allows and the link the card's own first; on 2 cards the view prices
+    what crosses the link (the all-reduces' share of a step, where it dominates, a prompt chunk's share), draws the
+    share at every tp, prints --tp and --link, and the crowd gets a seat for each user that fits on both cards."""
+    from minillm.card.hardware import get_device
+    from minillm.card.modelspec import load_spec
+    from minillm.card.tensor_parallel import tp_choices
+
+    spec, card = load_spec("llama-3.1-8b"), get_device("rtx-4090")
+    one = open_app(view="what-if", **SMALL_CROWD)
+    assert one.selectbox(key="wi_tp").options == [str(t) for t in tp_choices(spec)]
+    link = one.selectbox(key="wi_link")
+    assert link.options[0] == card.link and link.disabled  # (one card: nothing to link)
+    assert "--tp" not in one.code[0].value and not figure(one, "all-reduce share")
+    two = open_app(view="what-if", wi_tp=2, wi_link="nvlink-4", **SMALL_CROWD)
+    assert not two.exception and not two.error
+    users = whatif.plan(spec, card, tp=2, link="nvlink-4")["max_users"]
+    plan = whatif.plan(spec, card, batch=users, tp=2, link="nvlink-4")
+    assert users > roofline.max_users(spec, card, 4096)  # each card holds half of every user's KV
+    assert headline_values(two)["users that fit"] == f"{users:,}"
+    assert figure(two, "all-reduce share") == [f"{plan['comm_share']:.0%}"]
+    assert figure(two, "share of a prompt chunk") == [f"{plan['prefill_chunk_comm_share']:.0%}"]
+    text = " ".join(m.value for m in two.markdown)
+    assert plan["link_label"] in text and f"Over half the step {plan['comm_dominates']}" in text
+    assert pictures(two)[0] == "all-reduce share by the number of cards" and len(pictures(two)) == 4
+    assert "--tp 2 --link nvlink-4" in two.code[0].value and "all-reduce" in two.code[0].value
+    assert f"{min(users, 256)} seats (one per user that fits at 4,096)" in crowd_line(two)
 
 
 @pytest.mark.parametrize(

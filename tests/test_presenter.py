@@ -206,6 +206,7 @@ VIEWS = [
     (None, {"schedule": "static"}),  # one panel
     ("what-if", {"wi_requests": 12}),
     ("what-if", {"wi_model": "llama-3.1-70b", "wi_requests": 12}),  # not one user fits
+    ("what-if", {"wi_tp": 2, "wi_requests": 12}),  # two cards: what crosses the link
     ("live", {}),
 ]
 
@@ -229,13 +230,15 @@ def test_the_check_catches_a_cut_label(monkeypatch):
 
 
 @pytest.mark.parametrize("present", [True, False], ids=["presenter", "normal"])
-@pytest.mark.parametrize("view, state", [(None, {}), (None, {"schedule": "static"}), ("what-if", {"wi_requests": 12})])
+@pytest.mark.parametrize("view, state", [(None, {}), (None, {"schedule": "static"}), ("what-if", {"wi_requests": 12}),
+                                         ("what-if", {"wi_tp": 2, "wi_requests": 12})])  # fmt: skip
 def test_chart_lettering_is_large_enough_at_1280_px(view, state, present):
     """Seat charts and the card's pictures: at least 14 px on a projector, 10 px in the normal view (where the
     sidebar narrows the step player's panels to 402 px; the seat charts used to come out at 7 px there)."""
     at = open_app(view, present, **state)
     lettering = chart_lettering(at, PRESENTER if present else NORMAL)
-    assert len(lettering) == {"what-if": 5, None: 1 if state else 2}[view]  # (the card's three, two seat charts)
+    pictures = {"what-if": 5 + ("wi_tp" in state), None: 1 if state else 2}[view]  # (the card's 3, 2 seat charts)
+    assert len(lettering) == pictures  # (on 2 cards, the all-reduces' share by tp too)
     goal = presenter.LETTERING_PX[present]
     assert all(px >= goal for _, px in lettering), lettering
 

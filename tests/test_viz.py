@@ -82,7 +82,6 @@ from viz.html import (
 from viz.live_window import live_player
 from viz.occupancy import seat_runs
 from viz.raster import TOP, OccupancyRaster, font
-from viz.replies import RequestStatuses
 
 
 def crowd(n=7):
@@ -365,18 +364,6 @@ def test_shared_blocks_are_framed_and_cached_free_blocks_drawn_green(traces):
     image, block = kv_blocks_rgb(trace, t, cell=cell), trace.steps[t].kv_cached_free[0]
     middle = tuple(image[(block // cols) * cell + cell // 2, (block % cols) * cell + cell // 2])
     assert middle == tuple(rgb255(CACHED_FREE_BLOCK))
-
-
-@pytest.mark.parametrize("name", ALL)
-def test_precomputed_statuses_equal_status_at_step(traces, name):
-    trace = traces[name]
-    statuses = RequestStatuses(trace)
-    for t, step in enumerate(trace.steps):
-        seat_state = {rid: state for _, rid, state, _, _ in step.seats}
-        produced = statuses.produced(t)
-        for i, r in enumerate(trace.requests):
-            assert statuses.status(r, t, seat_state) == status_at_step(trace, r.id, t)
-            assert produced[i] == tokens_produced(trace, r.id, t)
 
 
 def test_tiny_runs_advance_by_steps_together(traces):

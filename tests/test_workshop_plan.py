@@ -1,5 +1,5 @@
-"""The workshop's two session plans (docs/workshop.md) add up: start times follow from the minutes, each session fits two hours,
-at most 100 minutes of content (as its heading says) with a break and ten minutes for questions."""
+"""The workshop's two session plans (docs/workshop.md) add up: start times follow from the minutes, each session fits
+two hours, at most 100 minutes of content (as its heading says) with a break and ten minutes for questions."""
 
 import re
 from pathlib import Path

@@ -1,8 +1,9 @@
 """Pictures of a minillm trace, and of a model on a card, shared by the lesson notebooks and the app.
 
-Pure functions: a Trace (or whatif.plan's numbers) in, a matplotlib Figure or plain data out. The
-app's fast path paints numpy pixels instead and precomputes per trace (raster.py, player.py), so a
-frame costs the same at any step of a run of any length.
+Pure functions: a Trace (or whatif.plan's numbers) in, a matplotlib Figure or plain data out. Each reads
+the trace's table (table.py: seat states, colours, token splits, statuses, KV figures per step), built once
+per trace, so a function may be given either. The app's fast path paints numpy pixels instead and
+precomputes per trace (raster.py, player.py), so a frame costs the same at any step of a run of any length.
 """
 
 from viz.budget import TokenSplit, token_split, token_splits
@@ -21,6 +22,7 @@ from viz.occupancy import occupancy_grid, occupancy_labels, plot_occupancy
 from viz.player import Frame, Timeline, TracePlayer
 from viz.progress import RunProgress
 from viz.replies import status_at_step, text_at_step, tokens_produced
+from viz.table import TraceTable, table_of
 from viz.timeline import plot_queue, plot_utilization, queue_lengths, running_utilization
 
 __all__ = [
@@ -31,6 +33,7 @@ __all__ = [
     "Timeline",
     "TokenSplit",
     "TracePlayer",
+    "TraceTable",
     "describe",
     "kv_block_fill",
     "kv_block_owners",
@@ -53,6 +56,7 @@ __all__ = [
     "speed_by_batch",
     "status_at_step",
     "step_events",
+    "table_of",
     "text_at_step",
     "token_split",
     "token_splits",

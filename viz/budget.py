@@ -13,8 +13,7 @@ from dataclasses import dataclass
 import numpy as np
 
 from minillm.engine.trace import StepRecord, Trace
-from viz.colors import DECODE, PREFILL
-from viz.seats import SeatTable, seat_table
+from viz.table import TraceTable, table_of
 
 
 @dataclass(frozen=True)
@@ -34,23 +33,18 @@ def token_split(record: StepRecord) -> TokenSplit:
     return TokenSplit(decode, prefill, record.padding_rows)
 
 
-def token_splits(trace: Trace, table: SeatTable | None = None) -> np.ndarray:
-    """(steps, 3) int array: decode, prefill and padding tokens of every step, in one pass."""
-    table = table or seat_table(trace)
-    decode = table.per_step(table.tokens, table.state == DECODE)
-    prefill = table.per_step(table.tokens, table.state == PREFILL)
-    padding = np.array([s.padding_rows for s in trace.steps])
-    return np.stack([decode, prefill, padding], axis=1).astype(np.int64)
+def token_splits(source: Trace | TraceTable) -> np.ndarray:
+    """(steps, 3) int array: decode, prefill and padding tokens of every step (the table's column)."""
+    return table_of(source).splits
 
 
-def token_budget(trace: Trace) -> int | None:
+def token_budget(source: Trace | TraceTable) -> int | None:
     """The run's tokens per step (None: no budget; a version 1 trace or a student's policy may not say)."""
-    return trace.config.get("token_budget") or None
+    return source.config.get("token_budget") or None
 
 
-def bar_scale(trace: Trace, splits: np.ndarray) -> int:
+def bar_scale(table: TraceTable) -> int:
     """Tokens the bar's full width stands for: the budget, or without one the run's biggest step
     (so every step of a run is drawn on the same scale)."""
-    budget = token_budget(trace)
-    biggest = int(splits.sum(axis=1).max()) if len(splits) else 1
-    return max(budget or 0, biggest, 1)
+    biggest = int(table.splits.sum(axis=1).max()) if len(table.splits) else 1
+    return max(table.budget or 0, biggest, 1)

@@ -15,6 +15,7 @@ from matplotlib.ticker import NullFormatter
 from minillm.card import roofline
 from minillm.card.hardware import Device
 from minillm.card.modelspec import ModelSpec
+from minillm.card.tensor_parallel import rank_spec, tp_decode
 
 GiB = 2**30
 BLOCK = 16  # tokens per KV block, roofline's default: users are counted in whole blocks
@@ -28,7 +29,8 @@ MEMORY_COLORS = {
 
 
 def memory_split(plan: dict) -> list[tuple[str, float]]:
-    """The card's memory in parts that add up to it (GiB-agnostic bytes), from whatif.plan:
+    """The card's memory in parts that add up to it (GiB-agnostic bytes), from whatif.plan (split over tp cards:
+    one card's, each holding 1/tp of the weights and of every user's KV):
     weights; the activation reserve; the KV cache of the users that fit at the plan's context;
     KV room left (less than one more user); unused (1 - utilization: the CUDA context, the
     allocator's slack). When the weights alone do not fit, the parts add up to more than the card."""
@@ -67,7 +69,8 @@ def plot_memory_split(plan: dict, ax=None) -> Figure:
     users = f"{plan['max_users']} users fit at {plan['context']:,} tokens each"
     if not plan["weights_fit"]:
         users = "the weights alone do not fit"
-    ax.set_title(f"{plan['model']} ({plan['dtype']} weights, {plan['kv_dtype']} KV) on {plan['gpu']}: {users}",
+    cards = f"on {plan['gpu']}" if plan.get("tp", 1) == 1 else f"1/{plan['tp']} on each {plan['gpu']}"
+    ax.set_title(f"{plan['model']} ({plan['dtype']} weights, {plan['kv_dtype']} KV) {cards}: {users}",
                  loc="left", fontsize=11)  # fmt: skip
     ncol = 5 if ax.figure.get_figwidth() >= 9 else 3  # a narrow figure: the legend in two rows
     if ax.get_subplotspec() is not None and len(ax.figure.axes) == 1:  # a figure of its own: legend under the bar
@@ -120,11 +123,16 @@ def batch_grid(largest: int = 1024) -> np.ndarray:
     return np.unique(np.geomspace(1, largest, 60).round().astype(int))
 
 
-def speed_by_batch(spec, device, context: int, batches, dtype="bf16", kv_dtype="bf16") -> dict[str, np.ndarray]:
+def speed_by_batch(spec, device, context: int, batches, dtype="bf16", kv_dtype="bf16", tp: int = 1, link=None
+                   ) -> dict[str, np.ndarray]:  # fmt: skip
     """Decode speed at each batch (every user holding `context` tokens): step time, tokens/s in total and
-    per user, and which bound applies."""
-    costs = [roofline.decode_cost(spec, device, int(b), context, dtype, kv_dtype) for b in batches]
-    step = np.array([c.time_s for c in costs])
+    per user, and which bound applies. Over tp cards joined by `link`: one card's share of the step, plus the
+    all-reduces between them (tensor_parallel.py), as whatif.plan's bound_step_s."""
+    rank = rank_spec(spec, tp)
+    costs = [roofline.decode_cost(rank, device, int(b), context, dtype, kv_dtype) for b in batches]
+    comm = [tp_decode(spec, device, int(b), context, dtype, kv_dtype, tp, link).comm_s if tp > 1 else 0.0
+            for b in batches]  # fmt: skip
+    step = np.array([c.time_s for c in costs]) + np.array(comm)
     batches = np.asarray(batches)
     return {
         "batch": batches,
@@ -135,12 +143,15 @@ def speed_by_batch(spec, device, context: int, batches, dtype="bf16", kv_dtype="
     }
 
 
-def plot_speed_by_batch(spec, device, context: int, dtype="bf16", kv_dtype="bf16", ax=None) -> Figure:
+def plot_speed_by_batch(spec, device, context: int, dtype="bf16", kv_dtype="bf16", ax=None, tp: int = 1,
+                        link=None) -> Figure:  # fmt: skip
     """Total and per-user tokens/s against batch: flat per user (memory-bound, batching is nearly free)
-    until the ridge, where the step turns compute-bound; beyond the KV ceiling the users do not fit."""
+    until the ridge, where the step turns compute-bound; beyond the KV ceiling the users do not fit.
+    tp cards joined by `link`: speed_by_batch's (the ridge and the ceiling are one card's, on its share)."""
     if ax is None:
         ax = Figure(figsize=(6, 3.6), layout="constrained").add_subplot()
-    speed = speed_by_batch(spec, device, context, batch_grid(), dtype, kv_dtype)
+    speed = speed_by_batch(spec, device, context, batch_grid(), dtype, kv_dtype, tp, link)
+    spec = rank_spec(spec, tp)
     ax.plot(speed["batch"], speed["total"], color="#0072b2", linewidth=2, label="total tokens/s")
     ax.plot(speed["batch"], speed["per_user"], color="#d55e00", linewidth=2, linestyle="--", label="per user")
     _log_axes(ax)
@@ -163,6 +174,26 @@ def plot_speed_by_batch(spec, device, context: int, dtype="bf16", kv_dtype="bf16
     ax.set_title(f"Decode speed: {bound}", loc="left", fontsize=11)
     ax.legend(frameon=True, framealpha=0.9, edgecolor="none", fontsize=9, loc="best")
     ax.grid(alpha=0.3)
+    return ax.figure
+
+
+def plot_comm_share_by_tp(plan: dict, ax=None) -> Figure:
+    """The all-reduces' share of a decode step at each tp the model splits into (whatif.plan's comm_share_by_tp:
+    the plan's batch and context, over its link), the plan's tp in black, and the half-step line."""
+    if ax is None:
+        ax = Figure(figsize=(4.8, 2.88), layout="constrained").add_subplot()
+    tps, shares = list(plan["comm_share_by_tp"]), list(plan["comm_share_by_tp"].values())
+    colors = ["black" if t == plan["tp"] else MEMORY_COLORS["weights"] for t in tps]
+    bars = ax.bar([str(t) for t in tps], shares, color=colors)
+    ax.bar_label(bars, [f"{v:.0%}" for v in shares], fontsize=10)
+    ax.axhline(0.5, color="#d55e00", linestyle="--", linewidth=1.5, label="half the step")
+    ax.set_ylim(0, max(0.6, max(shares) * 1.2))
+    ax.yaxis.set_major_formatter(lambda v, _: f"{v:.0%}")
+    ax.set_xlabel("cards (tp)")
+    ax.set_ylabel("all-reduce share")
+    ax.set_title(f"All-reduces per decode step, batch {plan['batch']:,}", loc="left", fontsize=11)
+    ax.legend(frameon=False, fontsize=9, loc="upper left")
+    ax.grid(alpha=0.3, axis="y")
     return ax.figure
 
 

@@ -1,16 +1,20 @@
 """What happened in one step, in a line: who was admitted, who finished, who was preempted, which seats were freed.
 
 The occupancy chart shows it as colour changes a room can miss; the step player says it in words under the chart
-("seat 2 freed, E admitted"). Everything comes from two consecutive StepRecords: the step's own admitted /
-finished / preempted lists, and its seats beside the previous step's (a seat is freed when the request that sat in
-it is gone; static batching's finished users stay seated, held, until the whole batch is done).
+("seat 2 freed, E admitted"). Everything comes from two consecutive columns of the trace's table (table.py): the
+step's own admitted / finished / preempted lists, and its seats beside the previous step's (a seat is freed when
+the request that sat in it is gone; static batching's finished users stay seated, held, until the batch is done).
 """
 
 from __future__ import annotations
 
 from dataclasses import dataclass
 
+import numpy as np
+
 from minillm.engine.trace import Trace
+from viz.colors import HELD
+from viz.table import TraceTable, table_of
 
 NAMES_SHOWN = 4  # ids or seats named in a list; the rest are counted ("E, F, G, H and 3 more")
 
@@ -29,17 +33,19 @@ class StepEvents:
         return not (self.freed or self.admitted or self.finished or self.preempted or self.held)
 
 
-def step_events(trace: Trace, step: int) -> StepEvents:
+def step_events(source: Trace | TraceTable, step: int) -> StepEvents:
     """The changes of `step` against the step before it (step 0: against empty seats)."""
-    record = trace.steps[step]
-    before = {seat: (rid, state) for seat, rid, state, _, _ in trace.steps[step - 1].seats} if step > 0 else {}
-    now = {seat: (rid, state) for seat, rid, state, _, _ in record.seats}
-    seat_of = {rid: seat for seat, (rid, _) in now.items()}
-    freed = sorted(seat for seat, (rid, _) in before.items() if now.get(seat, (None,))[0] != rid)
-    held = [(rid, seat) for seat, (rid, state) in sorted(now.items())
-            if state == "held" and before.get(seat, (None, "held"))[1] != "held"]  # fmt: skip
-    admitted = [(rid, seat_of[rid]) for rid in record.admitted if rid in seat_of]
-    return StepEvents(step, freed, admitted, list(record.finished), list(record.preempted), held)
+    table = table_of(source)
+    who, state = table.occupant[:, step], table.states[:, step]
+    before = table.occupant[:, step - 1] if step > 0 else np.full_like(who, -1)
+    was_held = table.states[:, step - 1] == HELD if step > 0 else np.zeros(len(who), dtype=bool)
+    freed = np.flatnonzero((before >= 0) & (who != before)).tolist()
+    newly_held = np.flatnonzero((state == HELD) & (before >= 0) & ~was_held).tolist()  # (seat order)
+    ids = table.ids
+    seat_of = {ids[i]: seat for seat, i in enumerate(who.tolist()) if i >= 0}
+    admitted = [(rid, seat_of[rid]) for rid in table.admitted[step] if rid in seat_of]
+    held = [(ids[who[seat]], seat) for seat in newly_held]
+    return StepEvents(step, freed, admitted, list(table.finished[step]), list(table.preempted[step]), held)
 
 
 def _names(items: list) -> str:

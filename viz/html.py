@@ -215,6 +215,18 @@ def status_html(status: str) -> str:
     return f'<span title="{escape(status)}" style="color:{color};font-weight:600">{mark}{escape(words)}</span>'
 
 
+def mask_html(reply) -> str:
+    """A constrained reply's mask at this step, after its status: how many tokens it let the model pick from."""
+    if reply.allowed is not None:
+        allowed, vocab = reply.allowed
+        tip = f"this step its constraint's mask left the model {allowed} of its {vocab} tokens to pick from"
+        return (f' <span data-allowed title="{escape(tip)}" style="color:#555">· {allowed} of {vocab} tokens '
+                "allowed</span>")  # fmt: skip
+    if reply.constrained:
+        return ' <span data-allowed style="color:#555">· held to a pattern</span>'
+    return ""
+
+
 BUBBLE = "display:inline-block;border-radius:0.8em;padding:0.15em 0.7em;max-width:100%;overflow-wrap:anywhere"
 
 
@@ -233,7 +245,7 @@ def replies_html(replies, not_arrived: int = 0, max_height: int | None = 380) ->
             f'<div><span data-prompt style="{BUBBLE};background:#eeeeee">{escape(r.prompt)}</span></div>'
             f'<div><span data-reply style="{BUBBLE};background:#e3eef8;font-family:monospace;min-width:2em;'
             f'min-height:1.2em">{text}</span>'
-            f'<div style="font-size:0.85em">{status_html(r.status)}</div></div></div>'
+            f'<div style="font-size:0.85em">{status_html(r.status)}{mask_html(r)}</div></div></div>'
         )
     more = f"<div style='color:#777'>{not_arrived} more not arrived yet</div>" if not_arrived else ""
     legend = GUESS_LEGEND if any(r.guesses for r in replies) else ""

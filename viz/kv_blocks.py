@@ -24,32 +24,34 @@ from minillm.card.modelspec import load_spec
 from minillm.card.roofline import kv_bytes_per_token
 from minillm.engine.trace import Trace
 from minillm.errors import MinillmError
-from viz.colors import CACHED_FREE_BLOCK, FREE_BLOCK, request_colors, rgb255
+from viz.colors import CACHED_FREE_BLOCK, FREE_BLOCK, rgb255
 from viz.raster import font
+from viz.table import TraceTable, table_of
 
 WHITE = np.array([255, 255, 255], dtype=np.uint8)
 
 
-def kv_block_owners(trace: Trace, step: int) -> list[str | None]:
+def kv_block_owners(source: Trace | TraceTable, step: int) -> list[str | None]:
     """Owner request id of every block in the pool at `step` (None: free; a shared block: its first holder)."""
-    record = trace.steps[step]
-    owners: list[str | None] = [None] * record.kv_blocks_total
-    for rid, blocks in reversed(record.kv_tables.items()):  # the first table listed wins a shared block
+    table = table_of(source)
+    owners: list[str | None] = [None] * int(table.kv["total"][step])
+    for rid, blocks in reversed(table.kv_tables[step].items()):  # the first table listed wins a shared block
         for block in blocks:
             owners[block] = rid
     return owners
 
 
-def kv_block_refs(trace: Trace, step: int) -> np.ndarray:
+def kv_block_refs(source: Trace | TraceTable, step: int) -> np.ndarray:
     """(blocks,) how many requests' block tables hold each block at `step`: 2 or more means shared."""
-    record = trace.steps[step]
-    held = [b for blocks in record.kv_tables.values() for b in blocks]
-    return np.bincount(np.array(held, dtype=np.int64), minlength=record.kv_blocks_total)
+    table = table_of(source)
+    held = [b for blocks in table.kv_tables[step].values() for b in blocks]
+    return np.bincount(np.array(held, dtype=np.int64), minlength=int(table.kv["total"][step]))
 
 
 def kv_memory(record, block_size: int) -> dict[str, int]:
     """The pool at one step in blocks: holding tokens, reserved but empty, free with a cached prefix, free.
-    (Tokens stored count a shared block once; "holding tokens" rounds them to whole blocks.)"""
+    (Tokens stored count a shared block once; "holding tokens" rounds them to whole blocks.) The trace's table
+    holds these figures for every step (TraceTable.kv_memory)."""
     used, total = record.kv_blocks_used, record.kv_blocks_total
     stored = min(used, -(-record.kv_tokens_stored // block_size)) if used else 0
     cached = min(record.kv_cached_blocks, total - used)
@@ -57,43 +59,45 @@ def kv_memory(record, block_size: int) -> dict[str, int]:
             "total": total, "tokens": record.kv_tokens_stored}  # fmt: skip
 
 
-def kv_block_fill(trace: Trace, step: int) -> list[float]:
+def kv_block_fill(source: Trace | TraceTable, step: int) -> list[float]:
     """Share of each block's token slots that hold a real token (0 for free or reserved-but-empty blocks)."""
-    record, size = trace.steps[step], trace.config["block_size"]
-    fill = [0.0] * record.kv_blocks_total
-    for rid, blocks in record.kv_tables.items():
-        stored = record.kv_tokens.get(rid, 0)
+    table = table_of(source)
+    size, tokens = table.config["block_size"], table.kv_tokens[step]
+    fill = [0.0] * int(table.kv["total"][step])
+    for rid, blocks in table.kv_tables[step].items():
+        stored = tokens.get(rid, 0)
         for i, block in enumerate(blocks):  # a table lists blocks in token order: block i holds tokens i*size...
             fill[block] = min(max(stored - i * size, 0), size) / size
     return fill
 
 
-def blocks_per_row(trace: Trace) -> int:
+def blocks_per_row(source: Trace | TraceTable) -> int:
     """One contiguous seat row per grid row when it fits, so both layouts are drawn on the same map."""
-    per_seat = -(-trace.config.get("max_len", 1024) // trace.config["block_size"])
+    per_seat = -(-source.config.get("max_len", 1024) // source.config["block_size"])
     return max(8, min(64, per_seat))
 
 
-def readable_blocks_per_row(trace: Trace) -> int:
+def readable_blocks_per_row(table: TraceTable) -> int:
     """For a map on its own (a notebook's figure): a pool of more than 256 blocks (lesson 09's 512) in rows of 32, so
     its cells stay big enough to tell apart and to hold a reference count; smaller pools one seat's row per row."""
-    total = trace.steps[0].kv_blocks_total if trace.steps else 0
-    return min(32, blocks_per_row(trace)) if total > 256 else blocks_per_row(trace)
+    total = int(table.kv["total"][0]) if table.num_steps else 0
+    return min(32, blocks_per_row(table)) if total > 256 else blocks_per_row(table)
 
 
-def kv_blocks_rgb(trace: Trace, step: int, cell: int = 12, colors: dict[str, str] | None = None,
+def kv_blocks_rgb(source: Trace | TraceTable, step: int, cell: int = 12, colors: dict[str, str] | None = None,
                   per_row: int | None = None) -> np.ndarray:  # fmt: skip
     """(H, W, 3) uint8 picture of the pool: a cell per block, filled from the left as far as tokens fill it;
     shared blocks framed in black with their reference count, free blocks with a cached prefix pale green.
-    per_row: blocks per row of the map (default blocks_per_row)."""
-    owners, fill = kv_block_owners(trace, step), np.array(kv_block_fill(trace, step))
-    refs = kv_block_refs(trace, step)
-    colors = colors or request_colors(trace)
-    cols = per_row or blocks_per_row(trace)
+    colors: request id -> colour (default the table's); per_row: blocks per row of the map (default blocks_per_row)."""
+    table = table_of(source)
+    owners, fill = kv_block_owners(table, step), np.array(kv_block_fill(table, step))
+    refs = kv_block_refs(table, step)
+    colors = colors or table.colors
+    cols = per_row or blocks_per_row(table)
     rows = max(1, -(-len(owners) // cols))
     padded = rows * cols  # the last row may be short: pad it with free blocks
     full = np.tile(rgb255(FREE_BLOCK), (padded, 1))
-    full[trace.steps[step].kv_cached_free] = rgb255(CACHED_FREE_BLOCK)
+    full[table.kv_cached_free[step]] = rgb255(CACHED_FREE_BLOCK)
     pale = full.copy()
     rgb = {rid: rgb255(color) for rid, color in colors.items()}
     for block, owner in enumerate(owners):
@@ -128,12 +132,13 @@ def _mark_shared(image: np.ndarray, blocks: np.ndarray, counts: np.ndarray, cols
     return np.asarray(picture).copy()
 
 
-def plot_kv_blocks(trace: Trace, step: int, ax=None) -> Figure:
+def plot_kv_blocks(source: Trace | TraceTable, step: int, ax=None) -> Figure:
     """The pool at `step`: coloured by owner, dark part = tokens stored, pale = reserved but empty, grey = free.
     Rows are labelled with their first block; the legend sits under the map (beside it, it was cut off)."""
-    cols = readable_blocks_per_row(trace)
+    table = table_of(source)
+    cols = readable_blocks_per_row(table)
     cell = 24  # pixels per block in the picture: the reference counts stay legible when it is scaled down
-    image = kv_blocks_rgb(trace, step, cell, per_row=cols)
+    image = kv_blocks_rgb(table, step, cell, per_row=cols)
     rows = image.shape[0] // cell
     if ax is None:
         fig = Figure(figsize=(10, 1.2 + 10 * rows / cols), layout="constrained")
@@ -147,10 +152,10 @@ def plot_kv_blocks(trace: Trace, step: int, ax=None) -> Figure:
     for side in ax.spines.values():
         side.set_visible(False)
     ax.tick_params(left=False, labelsize=9)
-    record = trace.steps[step]
+    kv, config = table.kv_memory(step), table.config
     ax.set_title(
-        f"KV blocks at step {step}: {record.kv_blocks_used} of {record.kv_blocks_total} in use "
-        f"({trace.config['kv']}, {trace.config['block_size']} tokens per block, {cols} per row)",
+        f"KV blocks at step {step}: {kv['stored'] + kv['reserved']} of {kv['total']} in use "
+        f"({config['kv']}, {config['block_size']} tokens per block, {cols} per row)",
         loc="left",
         fontsize=11,
     )
@@ -165,9 +170,9 @@ def plot_kv_blocks(trace: Trace, step: int, ax=None) -> Figure:
     return ax.figure
 
 
-def kv_block_bytes(trace: Trace) -> float | None:
+def kv_block_bytes(source: Trace | TraceTable) -> float | None:
     """Bytes of one KV block of a simulated run's model and KV dtype (None when the trace does not say)."""
-    config = trace.config
+    config = source.config
     if config.get("clock") != "simulated" or "kv_dtype" not in config:
         return None
     try:

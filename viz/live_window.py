@@ -20,12 +20,16 @@ import zlib
 from collections import deque
 from dataclasses import replace
 
+import numpy as np
+
 from minillm.engine.trace import RequestRecord, StepRecord, Trace
 from minillm.model.tokenizer import decode
-from minillm.runs.metrics import busy_seats, inter_token_gaps, percentiles, slot_utilization
+from minillm.runs.metrics import percentiles
 from minillm.serving.trace_window import window
 from viz.colors import REQUEST_PALETTE
 from viz.player import Reply, TracePlayer
+from viz.table import TraceTable, table_of
+from viz.timeline import busy_per_step
 
 STEP_FIELDS = ("arrival_step", "admit_step", "first_token_step", "finish_step")
 SINCE_START = ("arrival_step", "admit_step", "first_token_step")  # a window clips these to its first step
@@ -107,36 +111,47 @@ def live_player(
     """The window's player: its chart spans `keep` steps however few there are yet (the newest at the right
     once it is full, its axis in the server's step numbers), and request colours do not change from one poll to the
     next. width, text_px, height: the chart's (TracePlayer)."""
-    player = TracePlayer(trace, width, axis_steps=keep, text_px=text_px, height=height)
-    player.colors = live_colors(r.id for r in trace.requests)
-    return player
+    colors = live_colors(r.id for r in trace.requests)
+    return TracePlayer(trace, width, axis_steps=keep, text_px=text_px, height=height, colors=colors)
 
 
-def window_figures(trace: Trace) -> dict:
+def window_figures(source: Trace | TraceTable) -> dict:
     """The window's figures: tokens/s over its span, seats busy now and on average, the queue, TTFT of the
     requests that got their first token in the window, the gaps between two tokens of one reply, KV blocks."""
-    steps, last = trace.steps, trace.steps[-1]
-    start_s = steps[0].time_s - steps[0].wall_s
-    span_s = last.time_s - start_s
+    table = table_of(source)
+    start_s = table.time_s[0] - table.wall_s[0]
+    span_s = float(table.time_s[-1] - start_s)
     ttft = [
         r.first_token_s - r.arrival_s
-        for r in trace.requests
+        for r in table.requests
         if r.first_token_s is not None and r.arrival_s is not None and r.first_token_s >= start_s
     ]
-    ttft_p, itl_p = percentiles(ttft, (50, 90)), percentiles(inter_token_gaps(trace), (50, 99))
+    busy = busy_per_step(table)
+    ttft_p, itl_p = percentiles(ttft, (50, 90)), percentiles(token_gaps(table), (50, 99))
     return {
         "span_s": span_s,
-        "tokens_per_s": sum(s.tokens for s in steps) / span_s if span_s > 0 else None,
-        "busy_now": busy_seats(last),
-        "busy_share": slot_utilization(trace),
-        "waiting": last.num_waiting,
+        "tokens_per_s": int(table.tokens.sum()) / span_s if span_s > 0 else None,
+        "busy_now": int(busy[-1]),
+        "busy_share": float(busy.sum() / (table.num_steps * table.num_seats)),
+        "waiting": int(table.num_waiting[-1]),
         "ttft_p50_s": ttft_p["p50"],
         "ttft_p90_s": ttft_p["p90"],
         "itl_p50_s": itl_p["p50"],
         "itl_p99_s": itl_p["p99"],
-        "kv_blocks_used": last.kv_blocks_used,
-        "kv_blocks_total": last.kv_blocks_total,
+        "kv_blocks_used": int(table.kv["stored"][-1] + table.kv["reserved"][-1]),
+        "kv_blocks_total": int(table.kv["total"][-1]),
     }
+
+
+def token_gaps(table: TraceTable) -> list[float]:
+    """Seconds between consecutive tokens of one reply, over every reply (metrics.inter_token_gaps, from the
+    table's entries: those that made tokens, by request and then by step)."""
+    seats = table.entries
+    made = np.flatnonzero(seats.produced > 0)
+    order = made[np.lexsort((seats.step[made], seats.request[made]))]
+    at, who = table.time_s[seats.step[order]], seats.request[order]
+    same = who[1:] == who[:-1]
+    return (at[1:] - at[:-1])[same].tolist()
 
 
 def live_replies(player: TracePlayer, limit: int = 16, tail: int = 48) -> tuple[list[Reply], int]:
@@ -144,15 +159,13 @@ def live_replies(player: TracePlayer, limit: int = 16, tail: int = 48) -> tuple[
     (by seat), back in the queue, waiting (in queue order), then the ones that ended, newest first. At most
     `limit` of them, and how many more there are. A reply is its tokens so far (the snapshot's, not only those
     made in the window), cut to its last `tail` characters: the end is where the typing happens."""
-    trace, step = player.trace, player.last_step
-    record = trace.steps[step]
-    seat_of = {rid: seat for seat, rid, _, _, _ in record.seats}
-    seat_state = {rid: state for _, rid, state, _, _ in record.seats}
-    place = {rid: i for i, rid in enumerate(record.waiting)}  # the queue's head, in order
+    table, step = player.table, player.last_step
+    seat_of = {table.requests[i].id: seat for seat, i in enumerate(table.occupant[:, step].tolist()) if i >= 0}
+    place = {rid: i for i, rid in enumerate(table.waiting[step])}  # the queue's head, in order
     rows = []
-    for i, r in enumerate(trace.requests):
+    for i, r in enumerate(table.requests):
         # (one that arrived after the newest step is in the queue now; the next step will say so)
-        status = player.statuses.status(r, step, seat_state) if r.arrival_step <= step else "waiting"
+        status = table.status_name(i, step) if r.arrival_step <= step else "waiting"
         rank = STATUS_ORDER.get(status, len(STATUS_ORDER))
         within = seat_of.get(r.id, 0) if status == "running" else place.get(r.id, len(place))
         ended = -(r.finish_step if r.finish_step is not None else r.arrival_step)  # the newest first

@@ -14,7 +14,7 @@ from matplotlib.patches import Patch
 
 from minillm.engine.trace import Trace
 from viz.colors import DECODE, EMPTY, FUTURE, HELD, PREFILL, STALLED, STATE_COLORS, STATE_NAMES, STATE_RGB
-from viz.seats import seat_grids, seat_table
+from viz.table import TraceTable, table_of
 
 SEAT_ROWS = 24  # more seats than this are drawn stacked by state, not a row per seat
 STACK_ORDER = np.array([5, 1, 0, 4, 2, 3], dtype=np.int8)  # rank of each state code, bottom first:
@@ -27,17 +27,17 @@ def stacked(grid: np.ndarray) -> np.ndarray:
     return np.take_along_axis(grid, np.argsort(-STACK_ORDER[grid], axis=0, kind="stable"), axis=0)
 
 
-def occupancy_grid(trace: Trace, upto: int | None = None) -> np.ndarray:
+def occupancy_grid(source: Trace | TraceTable, upto: int | None = None) -> np.ndarray:
     """(slots, steps) int array: 0 empty, 1 prefill, 2 decode, 3 held (finished but keeping its seat), 5 stalled."""
-    states, _ = seat_grids(seat_table(trace))
+    states = table_of(source).states
     return states if upto is None else states[:, : upto + 1]
 
 
-def occupancy_labels(trace: Trace, upto: int | None = None) -> np.ndarray:
+def occupancy_labels(source: Trace | TraceTable, upto: int | None = None) -> np.ndarray:
     """(slots, steps) array of the request id in each seat ("" for an empty seat)."""
-    _, requests = seat_grids(seat_table(trace))
-    names = np.array([r.id for r in trace.requests] + [""], dtype=object)  # index -1: the empty seat's ""
-    labels = names[requests]
+    table = table_of(source)
+    names = np.array([*table.ids, ""], dtype=object)  # index -1: the empty seat's ""
+    labels = names[table.occupant]
     return labels if upto is None else labels[:, : upto + 1]
 
 
@@ -64,10 +64,11 @@ def seat_runs(grid: np.ndarray, labels: np.ndarray) -> list[tuple[int, int, int,
     ]
 
 
-def plot_occupancy(trace: Trace, upto: int | None = None, ax=None, title: str | None = None) -> Figure:
+def plot_occupancy(source: Trace | TraceTable, upto: int | None = None, ax=None, title: str | None = None) -> Figure:
     """Seats x steps, coloured by what each seat did; the axes always span the whole run, so it fills as it plays.
     More than SEAT_ROWS seats: each step's seats stacked by state (module docstring)."""
-    grid, labels = occupancy_grid(trace), occupancy_labels(trace)
+    table = table_of(source)
+    grid, labels = occupancy_grid(table), occupancy_labels(table)
     slots, n = grid.shape
     now = n - 1 if upto is None else min(upto, n - 1)
     many = slots > SEAT_ROWS
@@ -93,7 +94,7 @@ def plot_occupancy(trace: Trace, upto: int | None = None, ax=None, title: str | 
     shown_states = [c for c in (PREFILL, DECODE, HELD, STALLED) if (grid == c).any()] + [EMPTY]
     handles = [Patch(color=STATE_COLORS[c], label=STATE_NAMES[c]) for c in shown_states]
     ax.legend(handles=handles, loc="lower left", bbox_to_anchor=(0, 1.0), ncol=4, frameon=False, fontsize=10)
-    ax.set_title(title or f"{trace.config['scheduler']} batching: who sits in each seat", loc="right")
+    ax.set_title(title or f"{table.config['scheduler']} batching: who sits in each seat", loc="right")
     return ax.figure
 
 

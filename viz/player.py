@@ -6,8 +6,8 @@ runs advance together in simulated seconds: there a continuous step, with its ne
 chunks, takes longer than a static one, and arrivals come at times, not steps, so comparing two
 runs at the same step number would compare different moments.
 
-Per frame, nothing loops over the whole trace: the pictures are revealed from rasters painted
-once, the figures are lookups in arrays (progress.py), the requests' statuses need one step's seats.
+Per frame, nothing reads the trace: the pictures are revealed from rasters painted once, the figures
+are lookups in arrays (progress.py), the requests' statuses a column of the trace's table (table.py).
 """
 
 from __future__ import annotations
@@ -17,16 +17,14 @@ from dataclasses import dataclass
 import numpy as np
 
 from minillm.engine.trace import Trace
-from minillm.model.tokenizer import decode
-from minillm.runs.metrics import summarize
-from viz.budget import TokenSplit, bar_scale, token_budget, token_splits
-from viz.colors import STALLED, request_colors
+from minillm.model.tokenizer import VOCAB_SIZE, decode
+from viz.budget import TokenSplit, bar_scale
+from viz.colors import STALLED
 from viz.events import describe, step_events
-from viz.kv_blocks import blocks_per_row, kv_block_bytes, kv_block_refs, kv_blocks_rgb, kv_memory
+from viz.kv_blocks import blocks_per_row, kv_block_bytes, kv_block_refs, kv_blocks_rgb
 from viz.progress import RunProgress
 from viz.raster import TEXT_PX, OccupancyRaster, nice_tick_step, png_bytes
-from viz.replies import RequestStatuses
-from viz.seats import seat_table
+from viz.table import NOT_ARRIVED, table_of
 
 WAITING_SHOWN = 24  # queue chips drawn; the rest is a count
 
@@ -40,6 +38,9 @@ class Reply:
     text: str  # the reply so far
     guesses: tuple[str, str, str] | None = None  # speculative decoding, this step: (guesses kept, the model's own
     # token after them, guesses rejected); the first two end `text`
+    allowed: tuple[int, int] | None = None  # a constrained row that picked this step: (tokens its mask allowed, of
+    # how many)
+    constrained: bool = False  # a constraint holds this reply to a pattern
 
 
 @dataclass
@@ -55,32 +56,33 @@ class Frame:
     event: str  # what happened in this step, in a line (events.py): "seat 2 freed, E admitted"
     replies: list[Reply]  # requests that have arrived, in workload order (none for a simulated card's placeholders)
     not_arrived: int
+    allowed: dict[str, int]  # constrained rows that picked this step: request id -> tokens their masks allowed
 
 
 class TracePlayer:
     def __init__(self, trace: Trace, width: int = 1100, axis_steps: int | None = None,
-                 axis_seconds: float | None = None, text_px: int = TEXT_PX, height: int | None = None):  # fmt: skip
+                 axis_seconds: float | None = None, text_px: int = TEXT_PX, height: int | None = None,
+                 colors: dict[str, str] | None = None):  # fmt: skip
         """axis_steps / axis_seconds: the span of the occupancy chart's x axis, shared by the runs shown together;
-        text_px: the chart's smallest lettering (the presenter view's is larger); height: the chart's, in pixels."""
+        text_px: the chart's smallest lettering (the presenter view's is larger); height: the chart's, in pixels;
+        colors: request id -> colour (default: the table's, by the request's place in the workload)."""
         if not trace.steps:
             raise ValueError("this trace has no steps to replay (were all its requests rejected?)")
-        table = seat_table(trace)
-        self.trace = trace
-        self.last_step = len(trace.steps) - 1
-        self.simulated = trace.config.get("clock") == "simulated"
-        self.colors = request_colors(trace)
-        self.occupancy = OccupancyRaster(trace, width, axis_steps, axis_seconds, table, text_px, height)
+        self.trace = trace  # (for downloads: every picture reads the table)
+        self.table = table = table_of(trace)
+        self.last_step = table.num_steps - 1
+        self.simulated = table.config.get("clock") == "simulated"
+        self.colors = colors or table.colors
+        self.occupancy = OccupancyRaster(table, width, axis_steps, axis_seconds, text_px=text_px, height=height)
         self.text_px = text_px  # the chart's smallest lettering, in its pixels
-        self.kv_cell = int(np.clip(width // blocks_per_row(trace), 5, 16))
-        self.has_block_map = any(s.kv_tables for s in trace.steps)
-        self.has_stalled = bool((table.state == STALLED).any())
-        self.kv_block_bytes = kv_block_bytes(trace)  # for a pool drawn as a bar: its size in GiB
-        self.progress = RunProgress(trace, table)
-        self.splits = token_splits(trace, table)
-        self.budget, self.bar_tokens = token_budget(trace), bar_scale(trace, self.splits)
-        self.statuses = RequestStatuses(trace, table)
-        self.prompts = [r.prompt or decode(r.prompt_ids) for r in trace.requests]
-        self.summary = summarize(trace)  # the whole run, for comparisons
+        self.kv_cell = int(np.clip(width // blocks_per_row(table), 5, 16))
+        self.has_block_map = table.has_block_map
+        self.has_stalled = bool((table.entries.state == STALLED).any())
+        self.kv_block_bytes = kv_block_bytes(table)  # for a pool drawn as a bar: its size in GiB
+        self.progress = RunProgress(table)
+        self.budget, self.bar_tokens = table.budget, bar_scale(table)
+        self.prompts = [r.prompt or decode(r.prompt_ids) for r in table.requests]
+        self.summary = table.summary  # the whole run, for comparisons
 
     @property
     def end_s(self) -> float:
@@ -88,41 +90,43 @@ class TracePlayer:
 
     def frame(self, step: int) -> Frame:
         step = int(np.clip(step, 0, self.last_step))
-        record = self.trace.steps[step]
+        table = self.table
         kv_png, shared = None, 0
         if self.has_block_map:
-            kv_png = png_bytes(kv_blocks_rgb(self.trace, step, self.kv_cell, self.colors))
-            shared = int((kv_block_refs(self.trace, step) > 1).sum())
-        arrived = [i for i, r in enumerate(self.trace.requests) if r.arrival_step <= step]
+            kv_png = png_bytes(kv_blocks_rgb(table, step, self.kv_cell, self.colors))
+            shared = int((kv_block_refs(table, step) > 1).sum())
+        arrived = np.flatnonzero(table.status[:, step] != NOT_ARRIVED).tolist()
         metrics = self.progress.at(step)
         return Frame(
             step=step,
             occupancy_png=png_bytes(self.occupancy.frame(step)),
             kv_png=kv_png,
-            kv=kv_memory(record, self.trace.config["block_size"]),
+            kv=table.kv_memory(step),
             shared_blocks=shared,
-            tokens=TokenSplit(*map(int, self.splits[step])),
+            tokens=TokenSplit(*map(int, table.splits[step])),
             metrics=metrics,
-            waiting=list(record.waiting[:WAITING_SHOWN]),
-            event=describe(step_events(self.trace, step), metrics["busy_seats"]),
+            waiting=list(table.waiting[step][:WAITING_SHOWN]),
+            event=describe(step_events(table, step), metrics["busy_seats"]),
             replies=[] if self.simulated else self.replies(step, arrived),
-            not_arrived=len(self.trace.requests) - len(arrived),
+            not_arrived=len(table.requests) - len(arrived),
+            allowed=dict(table.allowed[step]),
         )
 
     def replies(self, step: int, arrived: list[int]) -> list[Reply]:
-        record = self.trace.steps[step]
-        seat_state = {rid: state for _, rid, state, _, _ in record.seats}
-        made = {rid: n for _, rid, _, _, n in record.seats}
-        produced = self.statuses.produced(step)
+        table = self.table
+        made, produced = table.made_at(step), table.produced(step)
+        guesses, allowed, constrained = table.guesses.get(step, {}), table.allowed[step], table.constrained
         out = []
         for i in arrived:
-            r = self.trace.requests[i]
-            status = self.statuses.status(r, step, seat_state)
-            reply = Reply(r.id, self.colors[r.id], status, self.prompts[i], decode(r.output_ids[: produced[i]]))
-            if r.id in record.drafts:
-                draft, kept = record.drafts[r.id], record.accepted[r.id]
+            r = table.requests[i]
+            reply = Reply(r.id, self.colors[r.id], table.status_name(i, step), self.prompts[i],
+                          decode(r.output_ids[: produced[i]]), constrained=r.id in constrained)  # fmt: skip
+            if r.id in guesses:
+                draft, kept = guesses[r.id]
                 own = r.output_ids[produced[i] - made[r.id] + kept : produced[i]]  # (none when it was the EOS)
                 reply.guesses = (decode(draft[:kept]), decode(own), decode(draft[kept:]))
+            if r.id in allowed:
+                reply.allowed = (allowed[r.id], VOCAB_SIZE)
             out.append(reply)
         return out
 

@@ -1,9 +1,9 @@
 """How a run stands at each step: the figures a frame shows, precomputed as arrays once per trace.
 
 metrics.summarize(trace, upto=step) answers the same questions by walking the trace up to the step:
-fine once, too slow five times a second on a simulated run of tens of thousands of steps. Here one
-pass builds per-step and per-request arrays, and a frame is a few lookups and a percentile over
-the requests (a vectorized one: no Python loop over steps or seats).
+fine once, too slow five times a second on a simulated run of tens of thousands of steps. Here the
+trace's table (table.py) gives per-step and per-request arrays, and a frame is a few lookups and a
+percentile over the requests (a vectorized one: no Python loop over steps or seats).
 
 Two figures need care when they are read *during* a run:
 - Utilization this step (busy seats / seats: what the articles quote) and utilization so far (the
@@ -20,11 +20,8 @@ from __future__ import annotations
 import numpy as np
 
 from minillm.engine.trace import Trace
-from minillm.runs.metrics import per_request
 from viz.colors import STALLED
-from viz.seats import SeatTable, seat_table
-
-NEVER = np.iinfo(np.int32).max  # the step of something that does not happen
+from viz.table import NEVER, TraceTable, table_of
 
 
 def _median(values: np.ndarray) -> float | None:
@@ -32,29 +29,29 @@ def _median(values: np.ndarray) -> float | None:
 
 
 class RunProgress:
-    def __init__(self, trace: Trace, table: SeatTable | None = None):
-        table = table or seat_table(trace)
-        steps = trace.steps
-        self.slots = trace.config["slots"]
-        self.busy = table.per_step(np.ones_like(table.step), table.working).astype(np.int32)  # (S,) seats working
+    def __init__(self, source: Trace | TraceTable):
+        table = table_of(source)
+        seats = table.entries
+        self.slots = table.num_seats
+        self.busy = seats.per_step(np.ones_like(seats.step), seats.working).astype(np.int32)  # (S,) seats working
         self.busy_so_far = np.cumsum(self.busy)
-        seated = table.working | (table.state == STALLED)  # not held: a held seat's request is done
-        self.running = table.per_step(np.ones_like(table.step), seated).astype(np.int32)
-        self.tokens = np.array([s.tokens for s in steps], dtype=np.int64)  # (S,) output tokens made per step
+        seated = seats.working | (seats.state == STALLED)  # not held: a held seat's request is done
+        self.running = seats.per_step(np.ones_like(seats.step), seated).astype(np.int32)
+        self.tokens = table.tokens  # (S,) output tokens made per step
         self.tokens_so_far = np.cumsum(self.tokens)
-        self.end_s = np.array([s.time_s for s in steps])  # (S,) seconds at the end of each step
-        self.start_s = self.end_s - np.array([s.wall_s for s in steps])
-        self.num_waiting = np.array([s.num_waiting for s in steps], dtype=np.int32)
+        self.end_s = table.time_s  # (S,) seconds at the end of each step
+        self.start_s = table.time_s - table.wall_s
+        self.num_waiting = table.num_waiting
 
-        served = [r for r in trace.requests if not (r.finish_reason or "").startswith("rejected")]
-        final = per_request(trace)  # each request's figures over the whole run
+        served = [r for r in table.requests if not (r.finish_reason or "").startswith("rejected")]
+        final = table.final  # each request's figures over the whole run
         figure = lambda name: np.array([final.get(r.id, {}).get(name, np.nan) for r in served], dtype=float)
         step_or_never = lambda values: np.array([NEVER if v is None else v for v in values], dtype=np.int64)
-        self.rejected = len(trace.requests) - len(served)
+        self.rejected = len(table.requests) - len(served)
         self.arrival_step = np.array([r.arrival_step for r in served], dtype=np.int64)
         starts = np.append(self.start_s, self.end_s[-1:])  # (a request arriving after the last step: its end)
         self.arrival_s = np.array(
-            [starts[min(r.arrival_step, len(steps))] if r.arrival_s is None else r.arrival_s for r in served]
+            [starts[min(r.arrival_step, table.num_steps)] if r.arrival_s is None else r.arrival_s for r in served]
         )
         self.first_step = step_or_never(r.first_token_step for r in served)
         self.finish_step = step_or_never(r.finish_step for r in served)

@@ -17,7 +17,7 @@ from PIL import Image, ImageDraw, ImageFont
 from minillm.engine.trace import Trace
 from viz.colors import EMPTY, FUTURE, STATE_RGB
 from viz.occupancy import SEAT_ROWS, seat_runs, stacked
-from viz.seats import SeatTable, seat_grids, seat_table
+from viz.table import TraceTable, table_of
 
 RIGHT, TOP, GAP = 12, 4, 2  # margins and the white line between seats, in pixels
 TEXT_PX = 12  # seat names and ticks; the presenter view asks for more (the left and bottom margins grow with it)
@@ -59,19 +59,19 @@ class OccupancyRaster:
     More than SEAT_ROWS seats are drawn stacked by state (occupancy.py), labelled with seat counts.
     """
 
-    def __init__(self, trace: Trace, width: int = 1100, axis_steps: int | None = None,
-                 axis_seconds: float | None = None, table: SeatTable | None = None,
-                 text_px: int = TEXT_PX, height: int | None = None):  # fmt: skip
+    def __init__(self, source: Trace | TraceTable, width: int = 1100, axis_steps: int | None = None,
+                 axis_seconds: float | None = None, text_px: int = TEXT_PX, height: int | None = None):  # fmt: skip
         """axis_steps / axis_seconds: what the x axis spans (default: this run's steps); share it to compare runs.
         text_px: the smallest lettering (seat names, ticks, request ids); height: the picture's height in pixels
         (default: row_height's rows). A window of a live server's steps is labelled with their real numbers."""
-        states, requests = seat_grids(table or seat_table(trace))
+        table = table_of(source)
+        states, requests = table.states, table.occupant
         self.slots, self.n = states.shape
         self.stacked = self.slots > SEAT_ROWS
         if self.stacked:
             states = stacked(states)
         self.text_px, self.left, self.bottom = text_px, round(5.4 * text_px), round(1.5 * text_px) + 6
-        self.first_step = trace.config.get("first_step", 0)  # (a window: the server's number of its step 0)
+        self.first_step = table.config.get("first_step", 0)  # (a window: the server's number of its step 0)
         self.plot_w = width - self.left - RIGHT
         self.row_h = row_height(self.slots) if height is None else max(1, (height - TOP - self.bottom) // self.slots)
         gap = GAP if self.row_h >= 8 else 0
@@ -85,8 +85,7 @@ class OccupancyRaster:
             edges = np.searchsorted(step_of_px, np.arange(self.axis + 1))  # first pixel of each step, and the end
             self.left_px, self.right_px = edges[: self.n], edges[1 : self.n + 1]
         else:  # pixel -> the step running at that moment, or none (the engine idle, waiting for an arrival)
-            end = np.array([s.time_s for s in trace.steps])
-            start = end - np.array([s.wall_s for s in trace.steps])
+            end, start = table.time_s, table.time_s - table.wall_s
             self.axis = max(axis_seconds, end[-1])
             scale = self.plot_w / self.axis
             moment = (px + 0.5) / scale
@@ -109,7 +108,7 @@ class OccupancyRaster:
         self.plot_bottom = TOP + self.slots * self.row_h
         canvas[TOP : self.plot_bottom, self.left : self.left + self.plot_w] = rows.reshape(-1, self.plot_w, 3)
         self.full = canvas
-        self.names = [r.id for r in trace.requests]
+        self.names = table.ids
         self.axes = self._axes_image(height, width, gap)
 
     def _axes_image(self, height: int, width: int, gap: int) -> np.ndarray:

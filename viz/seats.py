@@ -2,8 +2,8 @@
 
 A step records only its occupied seats, each as [seat, request id, state, tokens run, tokens produced].
 A simulated run on a big card has tens of thousands of steps and up to 256 seats, so anything that
-loops over steps x seats in Python each frame is too slow to replay; this table is built once per
-trace, and the occupancy chart, the token-budget bars and the replies read its columns.
+loops over steps x seats in Python each frame is too slow to replay; these columns are built once per
+trace, as part of its TraceTable (table.py), which every picture reads.
 """
 
 from __future__ import annotations
@@ -41,19 +41,25 @@ class SeatTable:
 
 
 def seat_table(trace: Trace) -> SeatTable:
-    """One pass over the trace, a column at a time (a simulated run can hold millions of entries; building
-    one big tuple per column instead would wake the garbage collector over and over)."""
-    entries = list(chain.from_iterable(record.seats for record in trace.steps))
+    """One pass over the trace (table.py's TraceTable builds it from the seats of its own pass instead)."""
     index = {r.id: i for i, r in enumerate(trace.requests)}
+    return seat_table_of([record.seats for record in trace.steps], index, trace.config["slots"])
+
+
+def seat_table_of(seats: list[list[list]], index: dict[str, int], slots: int) -> SeatTable:
+    """The columns of each step's seat entries (`seats`: one list per step), a column at a time (a simulated run can
+    hold millions of entries; building one big tuple per column instead would wake the garbage collector over and
+    over). index: request id -> its place in the trace's requests."""
+    entries = list(chain.from_iterable(seats))
 
     def column(i: int, dtype, translate=None) -> np.ndarray:
         values = map(itemgetter(i), entries)
         return np.fromiter(map(translate, values) if translate else values, dtype=dtype, count=len(entries))
 
-    per_step = [len(record.seats) for record in trace.steps]
+    per_step = [len(step) for step in seats]
     return SeatTable(
-        num_steps=len(trace.steps),
-        num_seats=trace.config["slots"],
+        num_steps=len(seats),
+        num_seats=slots,
         step=np.repeat(np.arange(len(per_step), dtype=np.int32), per_step),
         seat=column(0, np.int32),
         request=column(1, np.int32, index.__getitem__),

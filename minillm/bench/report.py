@@ -210,4 +210,8 @@ def markdown(results: dict, command: str, plot_dir: str | None = None) -> str:
         from minillm.bench.tensor_parallel import markdown as tp_markdown
 
         lines += tp_markdown(results["tp"], img)
+    if "fleet" in results:
+        from minillm.bench.fleet import markdown as fleet_markdown
+
+        lines += fleet_markdown(results["fleet"])
     return "\n".join(lines)

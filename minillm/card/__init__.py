@@ -13,5 +13,8 @@ opcost.py      minillm's own step on this machine, op by op, from the calibrated
 measure.py     timing (and counting the calls of) a real step here
 validate.py    whatif --validate: both predictions against measured steps, every size, batch and context
 simulate.py    the same engine on a virtual clock: a stand-in forward priced by enginecost.py
+kv_transfer.py a prompt's KV handed from a prefill card to a decode card: bytes over a link
+fleet.py       many simulated engines on one time line: replicas, or prefill and decode cards
+fleet_figures.py  a fleet's TTFT, ITL, TPOT and goodput, and the table of prefill:decode splits
 whatif.py      one summary for a model on a card
 """

@@ -17,6 +17,8 @@ Memory sizes: vendors' "24 GB" of GPU memory is 24 GiB (nvidia-smi shows 24576 M
 Cards that split one model (tensor parallelism, tensor_parallel.py) talk over a link: NVLink between SXM cards,
 PCIe between the others. Vendors print a link's bandwidth "bidirectional", both directions added; a ring
 all-reduce sends and receives at once, each at the one-way rate, so LINKS keeps the one-way figure: half the headline.
+Cards in different servers talk over the network (InfiniBand), whose rate is printed per direction already: a prefill
+card handing a prompt's KV to a decode card in another server (kv_transfer.py) sends at that rate.
 """
 
 from __future__ import annotations
@@ -93,6 +95,11 @@ LINKS: dict[str, Link] = {
         # is both ways); 5.0 doubles the transfer rate: 63 GB/s each way ("128 GB/s" on the H100 PCIe datasheet).
         Link("pcie-4", "PCIe 4.0 x16 (64 GB/s both ways)", 31.5e9, 20e-6),
         Link("pcie-5", "PCIe 5.0 x16 (128 GB/s both ways)", 63e9, 20e-6),
+        # Between servers: NVIDIA ConnectX-7 adapter datasheet, InfiniBand NDR 400 Gb/s per port; the DGX H100 user
+        # guide gives each of its 8 GPUs one such port for the compute fabric. A network's rate is per direction
+        # (full duplex), unlike NVLink's headline: 400 Gb/s = 50 GB/s each way. Latency, an assumption: a few us on
+        # the wire through one switch, plus posting the transfer (RDMA: a request's blocks as one batch), so 10 us.
+        Link("ib-400", "InfiniBand NDR (400 Gb/s each way)", 50e9, 10e-6),
     )
 }
 

@@ -9,10 +9,13 @@ keeps only the allocator's books (an 8B model's pool would be gigabytes of tenso
 the model is split over tp such cards (tensor_parallel.py): the pool is as many blocks as one card
 holds its share of (its own kv heads), and a step is one card's share plus the all-reduces between
 them. The trace that comes out is an ordinary trace whose times are simulated seconds, so metrics,
-the app and the lessons read it unchanged.
+the app and the lessons read it unchanged. A request handed from one simulated engine to another (engine/handover.py,
+a fleet: fleet.py) carries its KV as tensors of no elements, (0, tokens, 0, 0): the count is all the books need.
 """
 
 from __future__ import annotations
+
+import torch
 
 from minillm.card.hardware import Device
 from minillm.card.modelspec import ModelSpec
@@ -78,7 +81,8 @@ class SimulatedRunner:
     def make_cache(self, cfg: EngineConfig, max_len: int) -> PagedKVBooks:
         if cfg.kv != "paged":
             raise ConfigError("a simulated card keeps a paged KV pool's books; use --kv paged")
-        return PagedKVBooks(cfg.num_blocks or self.pool_blocks(cfg.block_size), cfg.block_size, cfg.prefix_caching)
+        return SimulatedKVBooks(cfg.num_blocks or self.pool_blocks(cfg.block_size), cfg.block_size,
+                                cfg.prefix_caching)  # fmt: skip
 
     def run(self, batch: Batch, cache: PagedKVBooks) -> list[int]:
         """Charge the step's rows to the clock; each finished row gets its next planned token (or EOS)."""
@@ -90,6 +94,18 @@ class SimulatedRunner:
         self.clock.advance(seconds)
         self.busy_s += seconds
         return [planned_token(r) for r in batch.sampled]
+
+
+class SimulatedKVBooks(PagedKVBooks):
+    """The books, and a hand-over's KV without its numbers: only how many tokens it holds."""
+
+    def read_tokens(self, seat: int, n: int) -> tuple[torch.Tensor, torch.Tensor]:
+        """A hand-over's keys and values: (0, n, 0, 0) each, shaped like the real ones in the dimension that counts."""
+        return torch.empty(0, n, 0, 0), torch.empty(0, n, 0, 0)
+
+    def write_tokens(self, seat: int, k: torch.Tensor, v: torch.Tensor) -> None:
+        """The imported tokens take their blocks, as if a forward had computed them."""
+        self.allocator.append(seat, k.shape[1])
 
 
 def planned_token(request) -> int:

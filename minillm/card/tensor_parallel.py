@@ -29,7 +29,7 @@ from dataclasses import dataclass, replace
 from functools import lru_cache
 
 from minillm.card.enginecost import EngineStep, engine_step
-from minillm.card.hardware import Device, Link, get_link
+from minillm.card.hardware import LINKS, Device, Link, get_link
 from minillm.card.modelspec import ModelSpec
 from minillm.card.roofline import tally
 from minillm.config import check_split
@@ -68,7 +68,7 @@ def link_of(device: Device, link: str | Link | None = None) -> Link:
     name = link or device.link
     if name is None:
         raise ConfigError(f"{device.name} has no link to another card that the cost model knows; give one with "
-                          "--link (nvlink-4, nvlink-3, pcie-4 or pcie-5)")  # fmt: skip
+                          f"--link ({', '.join(LINKS)})")  # fmt: skip
     return get_link(name)
 
 

@@ -17,22 +17,45 @@ from minillm.errors import ConfigError
 
 
 def cmd_serve(args: argparse.Namespace) -> None:
-    from minillm.serving.server import LOOPBACK, bind, build_loop, serve
+    from minillm.serving.server import LOOPBACK, bind, build_fleet, build_loop, serve
 
+    fleet_error = replicas_error(args)
+    if fleet_error:
+        raise ConfigError(fleet_error)
     sock = bind(args.host, args.port)  # first: a port that is taken fails in one line, before the model loads
     model = load_model_from(args)  # (on one torch thread unless --threads says otherwise: see main())
-    loop = build_loop(model, args.scheduler, args.kv, args.slots, args.num_blocks, args.block_size, args.token_budget,
-                      args.prefix_caching, args.max_waiting, args.keep_steps, stream_interval=args.stream_interval,
-                      process=args.engine == "process", tp=args.tp)  # fmt: skip
+    if args.replicas > 1:  # each replica is the engine process `serve` runs alone, behind a router
+        loop = build_fleet(model, args.replicas, args.route or "cache-aware", scheduler=args.scheduler, kv=args.kv,
+                           slots=args.slots, num_blocks=args.num_blocks, block_size=args.block_size,
+                           token_budget=args.token_budget, prefix_caching=args.prefix_caching,
+                           max_waiting=args.max_waiting, keep_steps=args.keep_steps,
+                           stream_interval=args.stream_interval, tp=args.tp)  # fmt: skip
+    else:
+        loop = build_loop(model, args.scheduler, args.kv, args.slots, args.num_blocks, args.block_size,
+                          args.token_budget, args.prefix_caching, args.max_waiting, args.keep_steps,
+                          stream_interval=args.stream_interval, process=args.engine == "process", tp=args.tp,
+                          disaggregate=args.disaggregate)  # fmt: skip
     where = f"http://{args.host}:{args.port}/v1"
     split = f", the model split across {args.tp} processes" if args.tp > 1 else ""
-    print(f"minillm serving on {where} ({args.scheduler} batching, {args.slots} seats, {args.kv} KV, the engine in a "
-          f"{args.engine} of its own{split}); Ctrl-C stops", flush=True)  # fmt: skip
+    fleet = f"{args.replicas} replicas, {args.route or 'cache-aware'} routing; each: " if args.replicas > 1 else ""
+    print(f"minillm serving on {where} ({fleet}{args.scheduler} batching, {args.slots} seats, {args.kv} KV, the engine "
+          f"in a {args.engine} of its own{split}); Ctrl-C stops", flush=True)  # fmt: skip
     print(f"  try: curl {where}/chat/completions -H 'Content-Type: application/json' "
           """-d '{"messages": [{"role": "user", "content": "count down from 12"}]}'""")  # fmt: skip
     if args.host != LOOPBACK:
         print(f"  note: bound to {args.host}: other machines on this network can send requests (on purpose?)")
     serve(loop, sock, args.model_name, args.drain_s, args.max_body_bytes)
+
+
+def replicas_error(args: argparse.Namespace) -> str | None:
+    """What is wrong with --replicas and --route as given, if anything."""
+    if args.route is not None and args.replicas == 1:
+        return "--route chooses among replicas: give --replicas 2 or more"
+    if args.replicas > 1 and args.engine != "process":
+        return "--replicas runs each replica's engine in a process of its own: drop --engine thread"
+    if args.replicas > 1 and getattr(args, "disaggregate", False):
+        return "--replicas with --disaggregate is not built yet: choose one"
+    return None
 
 
 def cmd_load(args: argparse.Namespace) -> None:
@@ -110,6 +133,14 @@ def add_commands(sub) -> None:
         default=1,
         help="tensor parallelism: split the model across this many processes (torch.distributed; gloo on a CPU)",
     )
+    p.add_argument("--disaggregate", action="store_true", help="prefill on one engine process, decode on another; "
+                   "each prompt's KV sent between them (torch.distributed)")  # fmt: skip
+    p.add_argument("--replicas", type=positive_int, default=1,
+                   help="engine processes behind one endpoint, each with its own KV cache (a router sends each "
+                   "request to one)")  # fmt: skip
+    p.add_argument("--route", default=None, choices=["round-robin", "least-loaded", "cache-aware"],
+                   help="how the router picks a replica (default with --replicas 2 or more: cache-aware, the one "
+                   "whose prefix cache holds the most of the prompt; see serving/routing.py)")  # fmt: skip
     p.add_argument("--engine", default="process", choices=["process", "thread"],
                    help="process: the engine in a process of its own (the HTTP side never waits on a step); thread: on "
                    "a thread of the server's process, sharing its interpreter lock (lesson 10 compares)")  # fmt: skip

@@ -186,7 +186,7 @@ class ContinuousScheduler:
         self.token_budget = check_budget(token_budget)
 
     def schedule(self, waiting: list[Request], seats: list[Request | None], kv: KVSpace) -> Plan:
-        running = [r for r in seats if r is not None]
+        running = [r for r in seats if r is not None and not r.is_finished]  # (a handed-over one waits to leave)
         victims, tokens, free_blocks = keep_running(running, kv, self.token_budget)
         budget_left = math.inf if self.token_budget is None else self.token_budget - sum(tokens.values())
         free_seats = seats.count(None) + len(victims)

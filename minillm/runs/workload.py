@@ -250,7 +250,9 @@ def azure(name: str, knobs: ChatKnobs | None = None, seed: int = 0) -> list[Requ
         prompt_len, reply = draw_quantile(rng, table["prompt"]), draw_quantile(rng, table["reply"])
         prompt_len, reply = knobs.prompt_len or prompt_len, knobs.reply_len or reply  # (drawn anyway: same seeds)
         first = rng.randrange(256)
-        ids = [BOS] + [(first + 7 * j) % 256 for j in range(max(0, prompt_len - 2))] + [SEP]
+        body = [(first + 7 * j) % 256 for j in range(max(0, prompt_len - 2))]
+        body[:2] = [i % 256, i // 256 % 256][: len(body)]  # the request's number first: no two share a block
+        ids = [BOS] + body + [SEP]
         requests.append(Request(f"r{i}", ids[:prompt_len] if prompt_len < 2 else ids, reply + 1,
                                 prompt=f"[{name}: {prompt_len} prompt tokens, {reply} reply tokens]",
                                 planned_reply=reply))  # fmt: skip

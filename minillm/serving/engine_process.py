@@ -46,13 +46,15 @@ class EngineProcess(LoopHandle):
     """A serve loop in a child process; the same methods as ServeLoop (LoopHandle), callable from any thread."""
 
     def __init__(self, model: torch.nn.Module, scheduler: str, token_budget: int, cfg: EngineConfig, tp: int = 1,
-                 **loop_args):  # fmt: skip
+                 role: str = "both", link: str | None = None, **loop_args):  # fmt: skip
         """model: the Transformer to serve (its weights travel to the child once, as safetensors bytes);
         tp: split it across that many processes (the engine's own and tp - 1 workers it starts: parallel/);
+        role, link: "prefill" or "decode" with the address of the pair's process group (disaggregate.py);
         loop_args: ServeLoop's (max_waiting, keep_steps, stream_interval)."""
         weights = save_tensors({k: v.detach().cpu().contiguous() for k, v in model.state_dict().items()})
         device = str(next(model.parameters()).device)
-        recipe = (model.cfg, weights, device, torch.get_num_threads(), scheduler, token_budget, cfg, tp, loop_args)
+        recipe = (model.cfg, weights, device, torch.get_num_threads(), scheduler, token_budget, cfg, (tp, role, link),
+                  loop_args)  # fmt: skip
         self.conn, child_end = multiprocessing.Pipe()
         context = multiprocessing.get_context("spawn")  # a fresh interpreter: no forked locks or torch threads
         # (a daemonic process may not start processes of its own: with workers, stop() at exit ends it instead)
@@ -68,13 +70,20 @@ class EngineProcess(LoopHandle):
         self.error: str | None = None  # why the engine process died, if it did
         self.automata = Automata()  # which automaton the child keeps in which slot
         self.max_len, self.config = cfg.max_len, {}
+        self.on_message = None  # who hears the child's other messages (a prefill engine's hand-overs)
         self._lock = threading.Lock()  # handlers on the event loop and on worker threads all send
         self.event_loop: asyncio.AbstractEventLoop | None = None  # the loop that reads the pipe, if one does
         self._reader = threading.Thread(target=self._read, name="minillm-engine-reader", daemon=True)
 
     def start(self) -> EngineProcess:
+        self.launch()
+        return self.wait_ready()
+
+    def launch(self) -> None:
         self.process.start()
         self._child_end.close()  # (the child has its own copy; ours would keep the pipe open after the child dies)
+
+    def wait_ready(self) -> EngineProcess:
         if not self.conn.poll(START_TIMEOUT_S):
             self.process.kill()
             raise ConfigError(f"the engine process did not start within {START_TIMEOUT_S:.0f} s")
@@ -123,7 +132,8 @@ class EngineProcess(LoopHandle):
         if self.error is None:
             try:
                 with self._lock:  # (packed under the lock: slots must be given in the order the child reads them)
-                    self.conn.send(("submit", self.automata.pack(message[1])) if kind == "submit" else message)
+                    packed = (kind, self.automata.pack(message[1])) if kind in ("submit", "receive") else message
+                    self.conn.send(packed)
                 return
             except OSError as e:  # the engine process is gone, and the reader has not heard yet
                 self.error = f"the engine process is gone ({e})"
@@ -168,6 +178,8 @@ class EngineProcess(LoopHandle):
             answer.set_result(value) if ok else answer.set_exception(value)
         elif kind == "died":
             self.error = message[1]
+        elif self.on_message is not None:
+            self.on_message(message)
 
     def _closed(self) -> None:
         self.error = self.error or "the engine process exited"
@@ -206,6 +218,8 @@ class PipeInbox:
         kind, *args = message
         if kind == "submit":
             return ("submit", self.automata.unpack(args[0]), Outlet(args[0].id))
+        if kind == "receive":  # (a decode engine: a handed-over request's books)
+            return ("receive", self.automata.unpack(args[0]))
         if kind in ("ask", "snapshot", "metrics"):
             return (kind, *args[:-1], Answer(self.conn, args[-1]))
         return message
@@ -239,7 +253,7 @@ def run_engine(conn: Connection, recipe: tuple) -> None:
     from minillm.model.transformer import Transformer
     from minillm.serving.serve_loop import ServeLoop
 
-    model_cfg, weights, device, threads, scheduler, token_budget, cfg, tp, loop_args = recipe
+    model_cfg, weights, device, threads, scheduler, token_budget, cfg, (tp, role, link), loop_args = recipe
     runner = None
     try:
         torch.set_num_threads(threads)
@@ -264,6 +278,10 @@ def run_engine(conn: Connection, recipe: tuple) -> None:
         send(("events", engine.step_no, [(s.rid, e.kind, e.tokens, e.detail, e.status, e.logprobs) for s, e in outbox]))
 
     loop = ServeLoop(engine, inbox=PipeInbox(conn), deliver=deliver_events, **loop_args)
+    if role != "both":  # prefill or decode, of a disaggregated pair
+        from minillm.serving.handover_link import take_role
+
+        take_role(loop, role, link, send, Outlet)
     send(("ready", loop.max_len, loop.config))
     try:
         loop.serve()

@@ -4,6 +4,7 @@
     GET  /v1/models, /v1/models/{id}   the one model served       GET /health    is the engine alive?
     GET  /metrics      Prometheus text (live_metrics.py)
     GET  /trace        the recorded steps as a minillm trace (?last_steps=N, ?since_step=K): the app polls it
+                       (with replicas, router.py: one replica's, ?replica=I, replica 0 by default)
 
 Every handler runs on the event loop, where waiting is free: a request is handed to the engine (a
 ServeLoop on a thread, or an EngineProcess), then the handler awaits its token stream. The engine
@@ -79,11 +80,12 @@ def make_app(loop: LoopHandle, model: str = "minillm", max_body_bytes: int = MAX
 
     @app.get("/health")
     def health() -> Json:
+        fleet = {"replicas": loop.replica_states()} if hasattr(loop, "replica_states") else {}  # (a Router)
         if not loop.alive:
-            return Json({"status": "engine stopped", "error": repr(loop.error)}, status_code=503)
+            return Json({"status": "engine stopped", "error": repr(loop.error)} | fleet, status_code=503)
         if app.state.draining:
-            return Json({"status": "shutting down", "steps": loop.steps}, status_code=503)
-        return Json({"status": "ok", "steps": loop.steps})
+            return Json({"status": "shutting down", "steps": loop.steps} | fleet, status_code=503)
+        return Json({"status": "ok", "steps": loop.steps} | fleet)
 
     def model_card() -> dict:
         return {"id": model, "object": "model", "created": 0, "owned_by": "minillm", "max_model_len": loop.max_len}
@@ -104,10 +106,14 @@ def make_app(loop: LoopHandle, model: str = "minillm", max_body_bytes: int = MAX
         return PlainTextResponse(loop.metrics_text(), media_type="text/plain; version=0.0.4")
 
     @app.get("/trace")
-    def trace(last_steps: int | None = None, since_step: int | None = None) -> Response:
+    def trace(last_steps: int | None = None, since_step: int | None = None, replica: int | None = None) -> Response:
         if last_steps is not None and last_steps < 1:
             raise ApiError("last_steps must be at least 1", param="last_steps")
-        body = json.dumps(loop.trace(last_steps, since_step).to_dict(), separators=(",", ":"))
+        replicas = len(getattr(loop, "replicas", [loop]))  # (a Router has several; each records its own steps)
+        if replica is not None and not 0 <= replica < replicas:
+            raise ApiError(f"replica must lie in [0, {replicas - 1}]: this server has {replicas}", param="replica")
+        where = {"replica": replica} if replica is not None and replicas > 1 else {}
+        body = json.dumps(loop.trace(last_steps, since_step, **where).to_dict(), separators=(",", ":"))
         return Response(body, media_type="application/json")
 
     @app.post("/v1/completions")

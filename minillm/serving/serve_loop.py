@@ -112,6 +112,8 @@ class ServeLoop(LoopHandle):
         self.error: BaseException | None = None  # what stopped the engine thread, if anything did
         self.unseated = 0  # requests kept that ended without a seat (see _ended_unseated)
         self.outbox: list[tuple[TokenStream | AsyncTokenStream, Event]] = []  # events to deliver (see deliver)
+        self.after_step: Callable[[], None] | None = None  # (a prefill engine: hand requests over: disaggregate.py)
+        self.receiver: Callable[[Request], None] | None = None  # (a decode engine: take a handed-over request)
         self._thread = threading.Thread(target=self.serve, name="minillm-engine", daemon=True)
 
     # --- any thread --------------------------------------------------------------------------------
@@ -146,6 +148,8 @@ class ServeLoop(LoopHandle):
                     self._hand_out(record)
                     self._forget_old_steps()
                     self._deliver()
+                    if self.after_step is not None:  # (after the step's tokens went out: a hand-over's first one)
+                        self.after_step()
         except BaseException as e:  # noqa: BLE001 (a bug must not leave clients waiting forever)
             self.error = e
             self.outbox = [
@@ -209,6 +213,9 @@ class ServeLoop(LoopHandle):
         if listener is not None:
             self.outbox.append((listener.stream, Event("done", detail=reason)))
 
+    def _receive(self, request: Request) -> None:
+        self.receiver(request)  # (a decode engine: disaggregate.py)
+
     def _ask(self, question: Callable[[Engine], object], answer: Future) -> None:
         try:
             answer.set_result(question(self.engine))
@@ -246,7 +253,7 @@ class ServeLoop(LoopHandle):
                 logprobs = request.output_logprobs[listener.sent : listener.sent + len(new)] or None
                 self.outbox.append((listener.stream, Event("tokens", tokens=new, logprobs=logprobs)))
                 listener.sent += len(new)
-            if request.is_finished:
+            if request.is_finished and request.finish_reason != "handed-over":  # (its stream goes on elsewhere)
                 self.stats.count(request.finish_reason)
                 self.outbox.append((listener.stream, Event("done", detail=request.finish_reason)))
                 del self.listeners[request_id]

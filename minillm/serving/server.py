@@ -1,10 +1,11 @@
 """Put it together: an engine, its loop (on a thread: serve_loop.py, or in a process: engine_process.py), the
 HTTP app (openai_api.py), uvicorn.
 
-`python -m minillm serve` calls bind() and serve(), with the engine in a process of its own; tests and notebooks
-use ServerThread, which runs the same server on a thread of the current process, on a free port of 127.0.0.1,
-for as long as a `with` lasts. Stopping: the first Ctrl-C or SIGTERM drains (no new requests, the replies in
-flight get --drain-s seconds to finish, then end with finish_reason "abort"), a second one stops at once.
+`python -m minillm serve` calls bind() and serve(), with the engine in a process of its own (`--replicas N`: N of
+them behind a router, build_fleet); tests and notebooks use ServerThread, which runs the same server on a thread of
+the current process, on a free port of 127.0.0.1, for as long as a `with` lasts. Stopping: the first Ctrl-C or
+SIGTERM drains (no new requests, the replies in flight get --drain-s seconds to finish, then end with finish_reason
+"abort"), a second one stops at once.
 """
 
 from __future__ import annotations
@@ -26,6 +27,7 @@ from minillm.engine.scheduler import DEFAULT_TOKEN_BUDGET, SCHEDULERS
 from minillm.errors import ConfigError
 from minillm.serving.engine_process import START_TIMEOUT_S, EngineProcess
 from minillm.serving.openai_api import MAX_BODY_BYTES, drain, make_app
+from minillm.serving.router import Router
 from minillm.serving.serve_loop import LoopHandle, ServeLoop
 
 LOOPBACK = "127.0.0.1"
@@ -53,16 +55,22 @@ def build_loop(
     stream_interval: int = 1,
     process: bool = False,
     tp: int = 1,
+    disaggregate: bool = False,
 ) -> ServeLoop | EngineProcess:
     """An engine for the model, wrapped in a ServeLoop on a thread of this process, or (process=True) in an
     EngineProcess of its own (what `serve` runs). Not started: the app starts it. tp > 1: the model split across
-    that many processes (parallel/), the engine's own among them."""
+    that many processes (parallel/), the engine's own among them. disaggregate: a prefill engine and a decode
+    engine, each in a process of its own (disaggregate.py)."""
     if min(max_waiting, keep_steps, stream_interval) < 1:
         raise ConfigError(f"max_waiting, keep_steps and stream_interval must be at least 1, got {max_waiting}, "
                           f"{keep_steps} and {stream_interval}")  # fmt: skip
     cfg = EngineConfig(slots=slots, kv=kv, block_size=block_size, num_blocks=num_blocks,
                        prefix_caching=prefix_caching, record_blocks=record_blocks)  # fmt: skip
     loop_args = {"max_waiting": max_waiting, "keep_steps": keep_steps, "stream_interval": stream_interval}
+    if disaggregate:  # two engine processes: one prefills, one decodes, the KV sent between them
+        from minillm.serving.disaggregate import PrefillDecode
+
+        return PrefillDecode(model, scheduler, token_budget, cfg, tp=tp, **loop_args)
     if process:
         return EngineProcess(model, scheduler, token_budget, cfg, tp=tp, **loop_args)
     if tp > 1:
@@ -71,6 +79,14 @@ def build_loop(
         model = ShardedRunner(model, tp)
     engine = Engine(model, SCHEDULERS[scheduler](token_budget=token_budget), cfg, meta={"workload": "live"})
     return ServeLoop(engine, **loop_args)
+
+
+def build_fleet(model: nn.Module, replicas: int, route: str = "cache-aware", **loop_args) -> Router:
+    """`replicas` engine processes (each as build_loop(process=True, **loop_args) makes it) behind a Router (router.py)
+    that sends each request to one of them by `route` (routing.py). Not started: the app starts it."""
+    if replicas < 1:
+        raise ConfigError(f"replicas must be at least 1, got {replicas}")
+    return Router([build_loop(model, process=True, **loop_args) for _ in range(replicas)], route)
 
 
 def app_for(loop: LoopHandle, model: str = "minillm", max_body_bytes: int = MAX_BODY_BYTES):

@@ -3,6 +3,7 @@ these draw pages, not pictures: only app.py imports them.
 
   step_player  the tiny model serving a crowd, static beside continuous, step by step
   whatif       a real model on a real card: memory, users, tokens/s, and a crowd served in simulation
+  multicard    the what-if view's cards (tp) and link: the model split over several cards, and what they send
   live         a running server (python -m minillm serve), watched as requests arrive
   playback     the step player itself (controls, panels), shared by the views that replay traces
   presenter    the presenter view: the layout and sizes for a projector

@@ -68,15 +68,17 @@ def crowd_settings() -> dict:
 
 @st.cache_resource(max_entries=8, show_spinner=False)  # a simulated trace stays a few MB in memory
 def simulated_crowd(card: str, model: str, dtype: str, kv_dtype: str, context: int, workload: str, requests: int,
-                    rate_per_s: float, token_budget: int | None, slots: int, prefix_caching: bool
-                    ) -> tuple[dict[str, Trace], bool]:  # fmt: skip
+                    rate_per_s: float, token_budget: int | None, slots: int, prefix_caching: bool, tp: int = 1,
+                    link: str | None = None) -> tuple[dict[str, Trace], bool]:  # fmt: skip
     """Both policies on the same crowd, advanced together on the simulated clock (the one that is behind takes the
-    next step) until both are done or CROWD_WORK is spent. Returns {scheduler: trace} and whether it stopped early."""
+    next step) until both are done or CROWD_WORK is spent; on tp cards joined by `link` (each step: one card's share
+    and the all-reduces). Returns {scheduler: trace} and whether it stopped early."""
     spec, device = load_spec(model), get_device(card, "auto")
-    seats = slots or max(1, min(MAX_NUM_SEQS, whatif.plan(spec, device, dtype, kv_dtype, context)["max_users"]))
+    fit = whatif.plan(spec, device, dtype, kv_dtype, context, tp=tp, link=link)["max_users"]
+    seats = slots or max(1, min(MAX_NUM_SEQS, fit))
     engines = {}
     for scheduler in SCHEDULERS:
-        runner = SimulatedRunner(spec, device, dtype, kv_dtype)
+        runner = SimulatedRunner(spec, device, dtype, kv_dtype, tp=tp, link=link)
         runner.max_len = context  # the longest context a user may hold: longer requests are turned away
         knobs = ChatKnobs(requests=requests, rate_per_s=rate_per_s)
         engines[scheduler] = workload_engine(runner, workload, scheduler, knobs=knobs, slots=seats,
@@ -117,11 +119,11 @@ def first_batch_note(players: list[tuple[str, TracePlayer]]) -> str:
     """Why static batching starts with fewer users than seats when everyone comes "at once": arrivals at a rate
     come one after another (1,000 a second: 50 users in about 50 ms), its first step begins at the first arrival,
     and a static batch takes nobody until all of it is done: the others wait for its longest reply."""
-    static = next((p.trace for title, p in players if p.trace.config["scheduler"] == "static"), None)
-    if static is None or len(static.steps) < 2:
+    static = next((p.table for title, p in players if p.table.config["scheduler"] == "static"), None)
+    if static is None or static.num_steps < 2:
         return ""
-    first, seats = len(static.steps[0].admitted), static.config["slots"]
-    behind = static.steps[1].num_waiting
+    first, seats = len(static.admitted[0]), static.num_seats
+    behind = int(static.num_waiting[1])
     if first >= seats or not behind:
         return ""
     who = f"the {first} request{'s' if first != 1 else ''} that had arrived when its first step began"
@@ -146,7 +148,7 @@ def crowd_notes(players: list[tuple[str, TracePlayer]], settings: dict, context:
     """The seats, the pool, and what the simulation left out (requests too long for the context, a stop); why the
     runs' tokens/s differ from the headline's (`everyone`: whatif.plan of every user that fits, decoding), and why
     static's first batch can be small."""
-    config, summary = players[0][1].trace.config, players[0][1].summary
+    config, summary = players[0][1].table.config, players[0][1].summary
     seats = playback.seats(config["slots"])
     seats += "" if settings["slots"] else f" (one per user that fits at {context:,})"
     notes = [f"{seats}, {config['num_blocks']:,} KV blocks of {config['block_size']} tokens, token budget "
@@ -175,7 +177,7 @@ def crowd_view(choice: dict, everyone: dict | None = None) -> None:
             "chunks in it, takes longer than a static one."
         )
     settings = crowd_settings()
-    card = {k: choice[k] for k in ("card", "model", "dtype", "kv_dtype", "context")}
+    card = {k: choice[k] for k in ("card", "model", "dtype", "kv_dtype", "context", "tp", "link")}
     try:
         with st.spinner(f"Simulating {settings['requests']} {settings['workload']} requests, static and continuous…"):
             traces, cut = simulated_crowd(**card, **settings)

@@ -201,7 +201,7 @@ def _ms(seconds: float | None) -> str:
 
 def figures(player: TracePlayer, f: dict) -> str:
     """The window's figures (live_window.window_figures) as a row of big numbers."""
-    slots = player.trace.config["slots"]
+    slots = player.table.num_seats
     return figures_html([
         ("tokens/s", "–" if f["tokens_per_s"] is None else f"{f['tokens_per_s']:,.0f}", f"over {f['span_s']:.1f} s",
          "output tokens made in the window's steps / the time they span"),
@@ -219,7 +219,7 @@ def figures(player: TracePlayer, f: dict) -> str:
 def draw(live: LiveFeed, interval_ms: float | None) -> None:
     """The newest step of the window: figures, seats, the step's tokens, queue, KV blocks, replies."""
     player, frame = live.player, live.frame
-    trace, config = player.trace, player.trace.config
+    table, config = player.table, player.table.config
     first, last = config["first_step"], config["first_step"] + player.last_step
     idle = time.monotonic() - live.new_step_at
     state = f"engine idle for {idle:.0f} s" if idle > IDLE_S else f"step {last:,}"
@@ -227,7 +227,7 @@ def draw(live: LiveFeed, interval_ms: float | None) -> None:
     if interval_ms is not None:
         timing += f", a frame every {interval_ms:.0f} ms"
     st.caption(f"{state} · the last {player.last_step + 1} steps ({first:,} to {last:,}) · {timing}")
-    f = window_figures(trace)
+    f = window_figures(table)
     if presenter.on():  # the room's one number: how much the server makes, and how full it is
         rate = "–" if f["tokens_per_s"] is None else f"{f['tokens_per_s']:,.0f}"
         parts = [("tokens/s", rate), ("seats busy", f"{f['busy_now']} of {config['slots']}")]

@@ -10,9 +10,11 @@ from __future__ import annotations
 
 import base64
 import time
+from html import escape
 
 import streamlit as st
 
+from minillm.model.tokenizer import VOCAB_SIZE
 from viz.app import presenter
 from viz.html import (
     event_html,
@@ -112,12 +114,13 @@ def controls(transport: Transport, timeline: Timeline) -> None:
                       format="%.1f s", on_change=seek, label_visibility="collapsed")  # fmt: skip
 
 
-def png_html(png: bytes, alt: str, text_px: float | None = None, chart: bool = False) -> str:
+def png_html(png: bytes, alt: str, text_px: float | None = None, chart: bool = False, hover: str = "") -> str:
     """The picture inline, as wide as its column. text_px: its smallest lettering in the PNG's pixels, for the
     browser check (docs/screenshot.py --check-lettering) to scale by the width it is shown at; chart: a seat chart
-    (the presenter view caps its height on wide screens; --check-layout measures where it falls)."""
+    (the presenter view caps its height on wide screens; --check-layout measures where it falls); hover: a tooltip."""
     data = base64.b64encode(png).decode()
     marks = (f' data-text-px="{text_px:g}"' if text_px else "") + (" data-chart" if chart else "")
+    marks += f' title="{escape(hover)}"' if hover else ""
     style = "width:100%;display:block;object-position:left top"  # (Streamlit's scale-down: never blown up)
     return f'<img src="data:image/png;base64,{data}" alt="{alt}"{marks} style="{style}">'
 
@@ -178,7 +181,8 @@ def panel(title: str, player: TracePlayer, step: int) -> None:
         when = f"{player.end_s:.1f} s" if player.simulated else f"step {player.last_step}"
         done = f" (finished at {when})"
     st.subheader(f"{title}{done}")
-    chart = png_html(frame.occupancy_png, f"who sits in each seat, up to step {frame.step}", player.text_px, True)
+    alt = f"who sits in each seat, up to step {frame.step}"
+    chart = png_html(frame.occupancy_png, alt, player.text_px, True, masks_hover(frame))
     event = event_html(frame.step, frame.event)
     queue = queue_html(frame.waiting, player.colors, frame.metrics["queue_length"])
     made = None if player.simulated else frame.metrics["tokens"]
@@ -204,9 +208,17 @@ def panel(title: str, player: TracePlayer, step: int) -> None:
         )
 
 
+def masks_hover(frame) -> str:
+    """The seat chart's tooltip at a step where constrained rows picked: how many tokens each one's mask allowed."""
+    if not frame.allowed:
+        return ""
+    rows = ", ".join(f"{rid} {n} of {VOCAB_SIZE}" for rid, n in frame.allowed.items())
+    return f"step {frame.step}, tokens each constrained row's mask allowed: {rows}"
+
+
 def kv_memory(player: TracePlayer, frame) -> None:
     """The KV pool at this step: the block map (the tiny model), or a bar (a simulated card: thousands of blocks)."""
-    config = player.trace.config
+    config = player.table.config
     if frame.kv_png is None:
         st.markdown(kv_memory_html(frame.kv, player.kv_block_bytes), unsafe_allow_html=True)
         return

@@ -18,11 +18,12 @@ from minillm.engine.scheduler import DEFAULT_TOKEN_BUDGET
 from minillm.engine.trace import Trace
 from minillm.errors import MinillmError
 from minillm.model.checkpoint import load_model
-from minillm.runs.metrics import one_user_left, utilization_now
+from minillm.runs.metrics import one_user_left
 from minillm.runs.workload import SEED_STORY_SLOTS, WORKLOADS
 from viz.app import presenter, trace_store
 from viz.app.playback import Transport, play, seats_busy_headline
 from viz.app.trace_files import exports, uploaded_players
+from viz.colors import DECODE, PREFILL
 from viz.player import TracePlayer
 
 MY_SCHEDULER_FILE = Path(__file__).parent.parent / "lessons" / "exercises" / "lesson04_continuous.py"
@@ -39,6 +40,10 @@ RATES = [0.05, 0.1, 0.25, 0.5, 1.0, 2.0, 4.0, 1000.0]  # mean arrivals per step
 MAX_SEATS, DEFAULT_SEATS = 16, 8  # the seats slider (the seed story's default: SEED_STORY_SLOTS)
 DEFAULT_KNOBS = {"requests": 32, "rate": 0.5, "mean_reply": 80, "spread": 1.0}  # a crowd's sliders, untouched
 BUDGETS = [0, 8, 16, 32, 64, 128, 256, 512, 1024]  # tokens per step; 0: none
+CONSTRAINED_HELP = (
+    "every other user's reply held to a pattern, numbers apart by one space (a logit mask each step: lesson 14); "
+    "their chat bubbles say how many of the 260 tokens each step's mask allowed"
+)
 WORKLOAD_HELP = (
     "seed-story: the lessons' 8 users. system-prompt: users share long system prompts (try prefix caching). "
     "long-prompts: some users paste long texts (try a small token budget)."
@@ -149,6 +154,8 @@ def sidebar(where=None) -> tuple[dict, str, str]:
             ),  # fmt: skip
         }
         seed = bar.number_input("seed", 0, 10_000, 0, key="seed")
+    asked = st.query_params.get("constrained", "0") == "1"  # ?constrained=1 opens with it on (a link)
+    constrained = bar.toggle("constrained replies", asked, key="constrained", help=CONSTRAINED_HELP)
     presenter.heading(bar, "Engine")
     story = workload == "seed-story"
     slots = bar.slider("seats", 1, MAX_SEATS, SEED_STORY_SLOTS if story else DEFAULT_SEATS, key=f"slots-{story}")
@@ -177,6 +184,8 @@ def sidebar(where=None) -> tuple[dict, str, str]:
     settings = {"workload": workload, "knobs": knobs, "seed": int(seed), "slots": slots, "kv": kv}
     settings |= {"block_size": block_size, "num_blocks": int(num_blocks) if num_blocks else None}
     settings |= {"token_budget": budget, "prefix_caching": prefix, "speculate": speculate}
+    if constrained:  # (only when on: the settings are the runs' keys on disk, and those without it stay valid)
+        settings["constrained"] = True
     return settings, device, schedule
 
 
@@ -184,16 +193,18 @@ def sidebar(where=None) -> tuple[dict, str, str]:
 def story_moment(players: list[tuple[str, TracePlayer]]) -> str:
     """The seed story's figures beside the articles': theirs are seats busy at one moment, while one long reply
     holds a static batch, not over a whole run. That moment here, from the trace (one sentence, HTML)."""
-    traces = {p.trace.config["scheduler"]: p.trace for _, p in players}
-    static, continuous = traces.get("static"), traces.get("continuous")
-    if static is None or continuous is None or static.config.get("workload") != "seed-story":
+    runs = {p.table.config["scheduler"]: p for _, p in players}
+    static, continuous = runs.get("static"), runs.get("continuous")
+    if static is None or continuous is None or static.table.config.get("workload") != "seed-story":
         return ""
-    moment = one_user_left(static)  # the first stretch: one user left in the first batch
+    moment = one_user_left(static.trace)  # the first stretch: one user left in the first batch
     if moment is None:
         return ""
     first, last = moment
-    who = next(rid for _, rid, state, _, _ in static.steps[first].seats if state in ("prefill", "decode"))
-    now_s, now_c = utilization_now(static, first), utilization_now(continuous, min(first, len(continuous.steps) - 1))
+    working = (static.table.states[:, first] == PREFILL) | (static.table.states[:, first] == DECODE)
+    who = static.table.ids[static.table.occupant[working, first][0]]
+    busy = lambda p, step: p.progress.at(step)["utilization_now"]
+    now_s, now_c = busy(static, first), busy(continuous, first)  # (at() clips a step past the run's end)
     return (
         f"The articles' <b>~9% vs ~93%</b> (<b>1/8</b> for 8 seats and one user left) are seats busy <i>at one "
         f"moment</i>, while one long reply holds a static batch: here steps {first}–{last}, {who} alone: static "

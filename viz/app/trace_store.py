@@ -34,7 +34,8 @@ import torch
 import minillm
 from minillm.card.calibrate import cache_dir
 from minillm.engine.trace import Trace
-from minillm.runs.run import run_workload
+from minillm.grammar import compile_regex
+from minillm.runs.run import workload_engine
 from minillm.runs.workload import ChatKnobs
 
 QUEUE, CURRENT = "queue.json", "current.json"  # the runs wanted, nearest first; the one the worker is on
@@ -115,12 +116,22 @@ def _forget_old_code(base: Path) -> None:
         old.rmdir()
 
 
+NUMBERS = r"[0-9]+( [0-9]+)*"  # numbers apart by one space: how the model counts down (lesson 14's "habit")
+
+
 def run(job: Job, model) -> Trace:
-    """One engine run of the step player: a scheduler's name, the sidebar's settings (step_player.sidebar)."""
+    """One engine run of the step player: a scheduler's name, the sidebar's settings (step_player.sidebar). With
+    "constrained" every other user's reply is held to NUMBERS (a countdown obeys it as it is; a spelling is forced
+    into digits), so the chat shows what each step's mask allowed."""
     scheduler, settings, _ = job
     settings = dict(settings)
-    workload, knobs = settings.pop("workload"), settings.pop("knobs")
-    return run_workload(model, workload, scheduler, knobs=ChatKnobs(**knobs) if knobs else None, **settings)
+    workload, knobs, constrained = settings.pop("workload"), settings.pop("knobs"), settings.pop("constrained", False)
+    engine = workload_engine(model, workload, scheduler, knobs=ChatKnobs(**knobs) if knobs else None, **settings)
+    if constrained:
+        for r in engine.requests[1::2]:  # (submitted, not yet arrived: the engine applies a mask from its first pick)
+            if r.finish_reason is None and not r.ignore_eos:  # (a constrained reply must be able to end)
+                r.constraint = compile_regex(NUMBERS)
+    return engine.run()
 
 
 def wait_for(job: Job, timeout_s: float = WAIT_S) -> Trace | None:

@@ -6,7 +6,9 @@ one user fits (the weights alone are too big, or one user's KV at this context i
 no speed. The bottom half serves a workload with the same engine and schedulers as the tiny model, on a
 simulated clock (simulate.py), static beside continuous, in the same step player, with times in simulated
 seconds. The crowd follows the context slider: by default it gets a seat for every user that fits at that
-context, and a request longer than the context is turned away, as a server configured for it would.
+context, and a request longer than the context is turned away, as a server configured for it would. Under the card
+and the model, the number of cards (tp) and their link: on several, every number is one card's share, and the view
+says what crosses the link (multicard.py).
 
 Every control must redraw within about 3 s on a 2-core laptop, so a simulation has a work budget (CROWD_WORK):
 the two policies advance together on the simulated clock, and when it is spent both stop at the same simulated
@@ -27,14 +29,23 @@ from minillm.card.calibrate import load_calibration
 from minillm.card.hardware import DEVICES, get_device
 from minillm.card.modelspec import load_spec, shipped_models
 from minillm.card.roofline import KV_BYTES, WEIGHT_BYTES
+from minillm.card.tensor_parallel import rank_spec
 from minillm.errors import MinillmError
-from viz.app import crowd, presenter
+from viz.app import crowd, multicard, presenter
 from viz.app.playback import png_html
-from viz.card import BLOCK, plot_memory_split, plot_speed_by_batch, plot_users_by_context, smallest_text_pt
+from viz.card import (
+    BLOCK,
+    plot_comm_share_by_tp,
+    plot_memory_split,
+    plot_speed_by_batch,
+    plot_users_by_context,
+    smallest_text_pt,
+)
 from viz.html import figures_html, headline_html
 
 CONTEXTS = [256, 512, 1024, 2048, 4096, 8192, 16384, 32768, 65536, 131072]
 KV_DTYPES = [d for d in KV_BYTES if d != "fp32"]  # fp32 is minillm's own cache, not a serving engine's
+PICKER_WIDTHS = [1.3, 1.3, 0.8, 0.8, 2]  # card, model, weights, KV cache, context; under them: cards (tp), link
 
 
 def cards() -> list[str]:
@@ -44,7 +55,7 @@ def cards() -> list[str]:
 
 
 def pickers() -> dict:
-    row = st.columns([1.3, 1.3, 0.8, 0.8, 2])
+    row = st.columns(PICKER_WIDTHS)
     models = shipped_models()
     choice = {
         "card": row[0].selectbox("card", cards(), index=list(DEVICES).index("rtx-4090"), key="wi_card"),
@@ -58,7 +69,15 @@ def pickers() -> dict:
             key="wi_context",
             format_func=lambda c: f"{c // 1024}k" if c >= 1024 else str(c),
         ),  # fmt: skip
+        "tp": 1,
+        "link": None,
     }
+    under = st.columns([*PICKER_WIDTHS[:2], sum(PICKER_WIDTHS[2:])])  # (the cards under the card and the model)
+    try:
+        device = get_device(choice["card"], "auto")
+        choice["tp"], choice["link"] = multicard.pickers(under[0], under[1], load_spec(choice["model"]), device)
+    except MinillmError:  # (the view says why below)
+        pass
     return choice
 
 
@@ -80,21 +99,25 @@ MEMORY_IN, PANEL_IN, DPI = (8.0, 2.06), (4.8, 2.88), 150
 
 
 @st.cache_data(max_entries=32, show_spinner=False)
-def card_pictures(card: str, model: str, dtype: str, kv_dtype: str, context: int):
-    """The memory split, users against context and speed against batch (None where not one user fits), each as
-    (PNG, its smallest lettering in the PNG's pixels)."""
+def card_pictures(card: str, model: str, dtype: str, kv_dtype: str, context: int, tp: int = 1, link: str | None = None):
+    """The memory split, users against context, speed against batch (None where not one user fits) and, on tp > 1
+    cards, the all-reduces' share by tp at every user that fits (else None), each as (PNG, its smallest lettering in
+    the PNG's pixels). Over tp cards each is one card's share (and the speed pays the all-reduces)."""
     spec, device = load_spec(model), get_device(card, "auto")
-    plan = whatif.plan(spec, device, dtype, kv_dtype, context)
+    plan = whatif.plan(spec, device, dtype, kv_dtype, context, tp=tp, link=link)
     args = (spec, device, context, dtype, kv_dtype)
 
     def picture(fig) -> tuple[bytes, float]:
         png = figure_png(fig, DPI)
         return png, smallest_text_pt(fig) * DPI / 72
 
+    users = plan["max_users"]
+    everyone = whatif.plan(spec, device, dtype, kv_dtype, context, max(users, 1), tp, link) if tp > 1 else None
     return (
         picture(plot_memory_split(plan, ax=new_axes(*MEMORY_IN))),
-        picture(plot_users_by_context(*args, ax=new_axes(*PANEL_IN))),
-        picture(plot_speed_by_batch(*args, ax=new_axes(*PANEL_IN))) if plan["max_users"] else None,
+        picture(plot_users_by_context(rank_spec(spec, tp), *args[1:], ax=new_axes(*PANEL_IN))),
+        picture(plot_speed_by_batch(*args, ax=new_axes(*PANEL_IN), tp=tp, link=link)) if users else None,
+        picture(plot_comm_share_by_tp(everyone, ax=new_axes(*PANEL_IN))) if everyone else None,
     )
 
 
@@ -114,7 +137,8 @@ def no_user_reason(plan: dict) -> str:
 def headline(plan: dict, crowd: dict | None) -> None:
     """The view's one big number: users that fit, and the tokens/s each gets when they all decode together."""
     if not crowd:
-        st.markdown(headline_html("Not one user fits on this card", [("users that fit", "0")],
+        cards = "this card" if plan["tp"] == 1 else f"these {plan['tp']} cards"
+        st.markdown(headline_html(f"Not one user fits on {cards}", [("users that fit", "0")],
                                   f"No speed to show: {no_user_reason(plan)}."), unsafe_allow_html=True)  # fmt: skip
         return
     ceiling = f"ceiling: bandwidth / streamed weight bytes = {plan['bandwidth_ceiling_tokens_per_s']:,.1f}"
@@ -137,15 +161,16 @@ def card_view(choice: dict) -> dict | None:
     None when not one user fits (a crowd needs a seat)."""
     try:
         spec, device = load_spec(choice["model"]), get_device(choice["card"], "auto")
-        args = (choice["dtype"], choice["kv_dtype"], choice["context"])
-        plan = whatif.plan(spec, device, *args)
-        crowd = whatif.plan(spec, device, *args, batch=plan["max_users"]) if plan["max_users"] else None
-        pictures = card_pictures(choice["card"], choice["model"], *args)
+        args, cards = (choice["dtype"], choice["kv_dtype"], choice["context"]), (choice["tp"], choice["link"])
+        plan = whatif.plan(spec, device, *args, 1, *cards)
+        crowd = whatif.plan(spec, device, *args, plan["max_users"], *cards) if plan["max_users"] else None
+        pictures = card_pictures(choice["card"], choice["model"], *args, *cards)
     except MinillmError as e:
         st.error(str(e))
         return None
     headline(plan, crowd)
-    memory, users, speed = pictures
+    memory, users, speed, by_tp = pictures
+    multicard.tp_view(plan, crowd, by_tp)
 
     def show(where, picture: tuple[bytes, float], alt: str) -> None:  # inline, marked with its lettering
         where.markdown(png_html(picture[0], alt, picture[1]), unsafe_allow_html=True)
@@ -159,6 +184,7 @@ def card_view(choice: dict) -> dict | None:
         right.info(f"No decode speed: not one user fits. {no_user_reason(plan).capitalize()}.")
     with st.expander("the numbers, as `python -m minillm whatif` prints them"):
         flags = f"--model {choice['model']} --gpu {choice['card']} --dtype {args[0]} --kv-dtype {args[1]}"
+        flags += multicard.flags(plan)
         st.code(f"$ python -m minillm whatif {flags} --context {args[2]}\n{whatif.summary(plan)}", language=None)
     return crowd
 
