@@ -81,7 +81,7 @@ class Engine:
     def rejection_reason(self, r: Request) -> str | None:
         if not r.prompt_ids:
             return "empty prompt"
-        if any(not 0 <= t < self.runner.vocab_size for t in r.prompt_ids):
+        if min(r.prompt_ids) < 0 or max(r.prompt_ids) >= self.runner.vocab_size:
             return f"prompt ids must lie in [0, {self.runner.vocab_size})"
         if r.max_new_tokens < 1:
             return f"max_new_tokens must be at least 1, got {r.max_new_tokens}"
@@ -119,7 +119,7 @@ class Engine:
         return [r for r in self.seats if r is not None and not r.is_finished]
 
     def has_work(self) -> bool:
-        return bool(self.pending or self.waiting or self.running())
+        return bool(self.pending or self.waiting) or any(r is not None and not r.is_finished for r in self.seats)
 
     def run(self, max_steps: int = 1_000_000, progress: bool = False) -> Trace:
         from tqdm import tqdm
@@ -137,9 +137,11 @@ class Engine:
             request = self.pending.pop(0)
             request.arrival_step = self.step_no  # (for arrivals in seconds: the step it joined the queue)
             self.waiting.append(request)
-        for request in [r for r in self.running() if self.cfg.prefix_caching and not r.is_decoding]:
-            self._claim(request)  # a prompt at a block boundary goes on with blocks cached since its last chunk
-        self.speculator.propose(self.running())  # (speculation on) decoding requests guess ahead: longer rows
+        if self.cfg.prefix_caching:  # a prompt at a block boundary goes on with blocks cached since its last chunk
+            for request in [r for r in self.running() if not r.is_decoding]:
+                self._claim(request)
+        if self.speculator.k:  # (speculation on) decoding requests guess ahead: longer rows
+            self.speculator.propose(self.running())
         plan = self.scheduler.schedule(list(self.waiting), list(self.seats), self.cache)
         check_plan(plan, self.waiting, self.seats, self.scheduler.holds_finished_seats)
         for victim in plan.preempt:

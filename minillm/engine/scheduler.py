@@ -68,6 +68,8 @@ class Scheduler(Protocol):
 
 def check_plan(plan: Plan, waiting, seats: list[Request | None], holds_finished_seats: bool) -> None:
     """The engine carries out only a plan that makes sense: admit the waiting, preempt the running, fill free seats."""
+    if not plan.admit and not plan.preempt:  # (most steps: nothing to check)
+        return
     waiting_ids, running = {r.id for r in waiting}, [r for r in seats if r is not None and not r.is_finished]
     if any(r.id not in waiting_ids for r in plan.admit):
         raise PlanError("the scheduler admitted a request that is not waiting")

@@ -165,6 +165,9 @@ class Speculator:
         """Accept each row's guesses and roll back the rest. picks: the runner's tokens, one per logit position.
         Returns the tokens each sampling row's reply gains (cut after an EOS) and, per row, its tokens whose
         keys and values stay in the cache."""
+        if not self.k:  # speculation off: a token per sampling row, every token kept (the common case, made short)
+            self.verified = {}
+            return [[token] for token in picks], list(batch.counts)
         replies, kept, at, self.verified, gained = [], [], 0, {}, {}
         for r, n, samples, checked in zip(batch.requests, batch.counts, batch.samples, batch.drafts):
             if not samples:
