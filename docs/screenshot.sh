@@ -5,7 +5,8 @@
 #   apt-get install -y chromium   # once (Debian)
 #   bash docs/screenshot.sh --all             # the README's set: docs/app.png; the presenter view of the step player,
 #                                             # what-if and live at 1280x720 (and the first two at 1920x1080,
-#                                             # docs/present-*); the normal view of each at 1280x720 (docs/app-*)
+#                                             # docs/present-*), and of the step player's fleets (two replicas,
+#                                             # prefill + decode); the normal view of each at 1280x720 (docs/app-*)
 #   bash docs/screenshot.sh [step] [port] [--play SECONDS] [--view what-if] [--size W,H] [--present] [--check-labels]
 #   OUT=/tmp/whatif.png bash docs/screenshot.sh 0 8599 --view what-if   # another file (default docs/app.png)
 # The live shots start `python -m minillm serve` on port+2 and send it `python -m minillm load` meanwhile.
@@ -44,6 +45,8 @@ if $all; then
   shot "$app/?step=$step" docs/app.png
   shot "$app/?step=$step" docs/present-step-player-1280x720.png --present --size 1280,720 --check-layout
   shot "$app/?step=$step" docs/present-step-player-1920x1080.png --present --size 1920,1080 --check-layout --kv
+  shot "$app/?fleet=replicas&step=40" docs/present-fleet-1280x720.png --present --size 1280,720 --check-layout
+  shot "$app/?fleet=pair&step=10" docs/present-fleet-pair-1280x720.png --present --size 1280,720 --check-layout
   for size in 1280x720 1920x1080; do
     shot "$app/" "docs/present-what-if-$size.png" --present --view what-if --size "${size/x/,}"
   done

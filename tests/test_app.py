@@ -12,9 +12,11 @@ import socket
 import sys
 import threading
 import time
-from html import escape
+from collections import Counter
+from html import escape, unescape
 
 import httpx
+import numpy as np
 import pytest
 import torch
 from streamlit.testing.v1 import AppTest
@@ -24,17 +26,19 @@ from minillm.card import roofline, whatif
 from minillm.config import EngineConfig
 from minillm.engine.engine import Engine
 from minillm.engine.request import Request
-from minillm.engine.scheduler import ContinuousScheduler
+from minillm.engine.scheduler import DEFAULT_TOKEN_BUDGET, ContinuousScheduler
 from minillm.engine.trace import Trace
 from minillm.runs import trace_file
 from minillm.serving.server import ServerThread, build_loop
 from minillm.serving.trace_window import window
 from tests.conftest import random_model
-from viz.app import step_player, trace_store
+from viz.app import fleet_run, fleet_view, step_player, trace_store
 from viz.app.live import DEFAULT_URL, ServerError, server_url
 from viz.app.step_player import NOT_IMPLEMENTED
 from viz.app.trace_files import load_uploaded_trace
+from viz.fleet import REASONS, handovers, hit_rate, waited_behind
 from viz.live_window import LiveWindow
+from viz.table import table_of
 
 
 def open_app(view: str | None = None, **state) -> AppTest:
@@ -304,6 +308,89 @@ def test_token_budget_bar_and_shared_blocks_with_prefix_caching():
     assert max(shared) > 0 and not at.exception
 
 
+# --- the step player's fleet: two engines side by side (viz/app/fleet_view.py) ----------------------------------------
+# the step player's first settings (its fleets serve lesson 13's crowds for the seed story)
+STORY_SETTINGS = {"workload": "seed-story", "knobs": None, "seed": 0, "slots": 4, "kv": "paged", "block_size": 16,
+                  "num_blocks": None, "token_budget": DEFAULT_TOKEN_BUDGET, "prefix_caching": False,
+                  "speculate": 0}  # fmt: skip
+
+
+def events(at: AppTest) -> list[str]:
+    """Each panel's event line (viz.html.event_html), left to right."""
+    return [unescape(e) for m in at.markdown for e in re.findall(r"data-event><b>Step \d+:</b> ([^<]*)<", m.value)]
+
+
+@pytest.fixture(scope="module")
+def fleet_traces(shipped_model):
+    """The fleets the view runs by default, run here for the figures they should show."""
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)
+    try:
+        runs = {route: fleet_run.run(fleet_view.fleet_settings(STORY_SETTINGS, "replicas", route), shipped_model)
+                for route in ("cache-aware", "round-robin")}  # fmt: skip
+        pair = fleet_view.fleet_settings(STORY_SETTINGS, "pair", None)
+        runs["pair"] = fleet_run.run(pair, shipped_model)
+        runs["one engine"] = trace_store.run(("continuous", fleet_view.one_engine_settings(pair), "cpu"), shipped_model)
+        return runs
+    finally:
+        torch.set_num_threads(threads)
+
+
+def test_the_fleet_view_shows_two_replicas_and_why_each_request_went_where(fleet_traces):
+    """Two seat charts, one per replica; the legend counts the router's reasons; the headline is the fleet's
+    prefix-hit rate, higher routed by the caches than round robin; a request's arrival says why it came."""
+    at = open_app(schedule=fleet_view.REPLICAS)
+    assert not at.exception and not at.error
+    traces = fleet_traces["cache-aware"]
+    assert subheaders(at) == [f"replica {i}: {len(t.requests)} users" for i, t in enumerate(traces)]
+    assert sum(len(t.requests) for t in traces) == 32  # lesson 13's crowd, each user on one replica
+    assert sum("data-chart" in m.value for m in at.markdown) == 2
+    counts = Counter(reason for t in traces for reason, _ in t.config["routed"].values())
+    legend = next(m.value for m in at.markdown if "routed:" in m.value)
+    assert all(f"{REASONS[reason][1]} {n}" in legend for reason, n in counts.items()) and counts["prefix_hit"]
+    rate = lambda route: f"{np.divide(*hit_rate([table_of(t) for t in fleet_traces[route]])):.0%}"
+    assert headline_values(at) == {"cache aware": rate("cache-aware")}
+    hits = {rid: blocks for rid, (why, blocks) in traces[1].config["routed"].items() if why == "prefix_hit"}
+    arrivals = Counter(r.arrival_step for r in traces[1].requests)  # (a step with one arrival: one name in its line)
+    lone = [r for r in traces[1].requests if r.id in hits and arrivals[r.arrival_step] == 1]
+    rid, arrival = lone[0].id, lone[0].arrival_step
+    at.slider(key="step").set_value(arrival).run()
+    assert f"{rid} routed here: prefix hit, {hits[rid]} blocks" in events(at)[1]
+    at.selectbox(key="route").set_value("round robin").run()
+    assert not at.exception and headline_values(at) == {"round robin": rate("round-robin")}
+    assert int(rate("round-robin")[:-1]) < int(rate("cache-aware")[:-1])
+
+
+def test_the_fleet_view_draws_each_hand_over_from_prefill_to_decode(fleet_traces):
+    """The step a request leaves the prefill engine its event line says so, with its prompt's tokens; the next step
+    the decode engine's says it landed; the headline: the most prompt tokens a decode step ran, one engine against
+    the decode engine (none)."""
+    at = open_app(schedule=fleet_view.PAIR)
+    assert not at.exception and not at.error
+    assert subheaders(at)[:2] == ["prefill engine", "decode engine"]
+    rid, step, _, tokens = handovers(table_of(fleet_traces["pair"][0]))[1]
+    at.slider(key="step").set_value(step).run()
+    assert f"{rid} handed over: {tokens} prompt tokens' KV to the decode engine" in events(at)[0]
+    at.button(key="forward").click().run()
+    assert f"{rid}'s KV landed ({tokens} prompt tokens)" in events(at)[1]
+    worst = waited_behind(fleet_traces["one engine"])
+    assert headline_values(at) == {"one engine": f"{worst:,}", "decode engine": "0"} and worst > 0
+    assert any("handed over to the decode engine" in m.value for m in at.markdown)  # the prefill side's chat
+
+
+def test_the_fleet_view_asks_the_worker_for_the_other_fleets(tmp_path, monkeypatch):
+    """Changing the router is a read once the worker has run it: the view asks for the other routers, the other
+    fleet, and (for the pair) the one-engine run its headline needs."""
+    monkeypatch.setenv("MINILLM_APP_TRACES", str(tmp_path))
+    asked = []
+    monkeypatch.setattr(trace_store, "warm", asked.extend)
+    open_app(schedule=fleet_view.PAIR)
+    pair = fleet_view.fleet_settings(STORY_SETTINGS, "pair", None)
+    assert asked[0] == ("continuous", fleet_view.one_engine_settings(pair), "cpu")
+    fleets = {(job[1]["fleet"], job[1].get("route")) for job in asked if job[0] == "fleet"}
+    assert fleets == {("replicas", route) for route in fleet_view.ROUTERS.values()}
+
+
 SMALL_CROWD = {"wi_requests": 12}  # a few seconds of simulated serving: quick to run twice
 
 
@@ -440,6 +527,30 @@ def test_what_if_says_when_no_user_fits_and_shows_no_speed(state, why):
     assert why in headline(at) and any("No decode speed" in i.value for i in at.info)
     assert pictures(at) == ["where the card's memory goes", "users that fit against context"]  # no speed
     assert "static batching" not in subheaders(at)  # nothing to simulate
+
+
+def test_what_if_fleet_compares_replicas_with_each_prefill_decode_split():
+    """Opened, the fleet panel serves one crowd on each split of the cards and tabulates fleet_figures' numbers: both
+    goodputs (the targets chosen, DistServe's), the three panels, and a split's cards replayed in the step player."""
+    from minillm.card.fleet import simulate_fleet
+    from minillm.card.fleet_figures import fleet_figures
+    from minillm.card.hardware import get_device
+    from minillm.card.modelspec import load_spec
+    from minillm.runs.workload import ChatKnobs, make_workload
+
+    at = open_app(view="what-if", wi_fleet=True, wf_cards=2, wf_requests=30, **SMALL_CROWD)
+    assert not at.exception and not at.error
+    spec, card = load_spec("llama-3.1-8b"), get_device("rtx-4090")
+    crowd = make_workload("azure-conv", ChatKnobs(requests=30, rate_per_s=8))
+    runs = [simulate_fleet(spec, card, crowd, 2, p, link="pcie-4") for p in (0, 1)]
+    table = next(m.value for m in at.markdown if "| split |" in m.value)
+    for run in runs:
+        mine, distserve = fleet_figures(run, 0.25, 0.025), fleet_figures(run)
+        assert f"| **{mine['split']}** |" in table
+        assert f"| {mine['goodput']:.0%} | {distserve['goodput']:.0%} | {mine['tokens_per_s']:,.0f} |" in table
+    assert "TTFT, ITL and goodput by split" in pictures(at)
+    at.selectbox(key="wf_replay").set_value("1:1").run()
+    assert not at.exception and subheaders(at)[-2:] == ["card 0: prefill", "card 1: decode"]
 
 
 # --- the live view: a running server, watched -------------------------------------------------------------------

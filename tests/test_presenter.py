@@ -36,7 +36,7 @@ from PIL import Image
 from streamlit.testing.v1 import AppTest
 from streamlit.testing.v1.element_tree import Widget
 
-from viz.app import presenter
+from viz.app import fleet_view, presenter
 from viz.player import Timeline
 
 ROOT = Path(__file__).parent.parent
@@ -207,6 +207,9 @@ VIEWS = [
     ("what-if", {"wi_requests": 12}),
     ("what-if", {"wi_model": "llama-3.1-70b", "wi_requests": 12}),  # not one user fits
     ("what-if", {"wi_tp": 2, "wi_requests": 12}),  # two cards: what crosses the link
+    ("what-if", {"wi_requests": 12, "wi_fleet": True, "wf_requests": 20}),  # a fleet of the card: its panel open
+    (None, {"schedule": fleet_view.REPLICAS}),  # the step player's fleets (the router's choice in the settings)
+    (None, {"schedule": fleet_view.PAIR}),
     ("live", {}),
 ]
 
@@ -231,14 +234,18 @@ def test_the_check_catches_a_cut_label(monkeypatch):
 
 @pytest.mark.parametrize("present", [True, False], ids=["presenter", "normal"])
 @pytest.mark.parametrize("view, state", [(None, {}), (None, {"schedule": "static"}), ("what-if", {"wi_requests": 12}),
-                                         ("what-if", {"wi_tp": 2, "wi_requests": 12})])  # fmt: skip
+                                         ("what-if", {"wi_tp": 2, "wi_requests": 12}),
+                                         ("what-if", {"wi_requests": 12, "wi_fleet": True, "wf_requests": 20}),
+                                         (None, {"schedule": fleet_view.REPLICAS}),
+                                         (None, {"schedule": fleet_view.PAIR})])  # fmt: skip
 def test_chart_lettering_is_large_enough_at_1280_px(view, state, present):
     """Seat charts and the card's pictures: at least 14 px on a projector, 10 px in the normal view (where the
     sidebar narrows the step player's panels to 402 px; the seat charts used to come out at 7 px there)."""
     at = open_app(view, present, **state)
     lettering = chart_lettering(at, PRESENTER if present else NORMAL)
-    pictures = {"what-if": 5 + ("wi_tp" in state), None: 1 if state else 2}[view]  # (the card's 3, 2 seat charts)
-    assert len(lettering) == pictures  # (on 2 cards, the all-reduces' share by tp too)
+    card = 5 + ("wi_tp" in state) + ("wi_fleet" in state)  # the card's 3 and the crowd's 2 seat charts; on 2 cards
+    # the all-reduces' share by tp too; a fleet's splits
+    assert len(lettering) == {"what-if": card, None: 1 if state.get("schedule") == "static" else 2}[view]
     goal = presenter.LETTERING_PX[present]
     assert all(px >= goal for _, px in lettering), lettering
 
@@ -331,10 +338,13 @@ def screenshot(url: str, *flags: str) -> subprocess.CompletedProcess:
 @pytest.mark.parametrize(
     "view, present, popover",
     [("step-player", True, None), ("step-player", True, "settings"), ("what-if", True, None),
-     ("step-player", False, None), ("what-if", False, None)],
+     ("step-player", False, None), ("what-if", False, None), ("fleet", True, None), ("fleet", True, "settings"),
+     ("fleet", False, None), ("what-if fleet", True, None), ("what-if fleet", False, None)],
 )  # fmt: skip
 def test_the_browser_cuts_no_label_and_no_lettering_at_1280x720(app_server, view, present, popover):
-    url = app_server + ("?step=300" if view == "step-player" else "?view=what-if")
+    urls = {"step-player": "?step=300", "what-if": "?view=what-if", "fleet": "?fleet=replicas&step=40",
+            "what-if fleet": "?view=what-if&wi_fleet=true"}  # fmt: skip
+    url = app_server + urls[view]
     flags = ["--size", "1280,720", "--check-labels", "--check-lettering"] + (["--present"] if present else [])
     run = screenshot(url, *flags, *(["--open", popover] if popover else []))
     assert run.returncode == 0, run.stdout + run.stderr
@@ -347,11 +357,13 @@ def seat_chart_boxes(output: str) -> list[tuple[int, int]]:
 
 @pytest.mark.slow
 @no_chromium
-@pytest.mark.parametrize("size, kv", [("1280,720", False), ("1920,1080", True)])
-def test_the_step_players_first_screen_in_the_browser(app_server, size, kv):
+@pytest.mark.parametrize("query, size, kv", [("?step=300", "1280,720", False), ("?step=300", "1920,1080", True),
+                                             ("?fleet=replicas&step=40", "1280,720", False),
+                                             ("?fleet=pair&step=10", "1280,720", False)])  # fmt: skip
+def test_the_step_players_first_screen_in_the_browser(app_server, query, size, kv):
     """Issue 29: with no scrolling, both seat charts show at least half the screen's height, the step's event, the
-    queue and the play button are on it (and at 1920x1080 the KV map)."""
-    run = screenshot(app_server + "?step=300", "--present", "--size", size, "--check-layout", *(["--kv"] * kv))
+    queue and the play button are on it (and at 1920x1080 the KV map); the fleet's two engines too."""
+    run = screenshot(app_server + query, "--present", "--size", size, "--check-layout", *(["--kv"] * kv))
     assert run.returncode == 0, run.stdout + run.stderr
     height = int(size.split(",")[1])
     boxes = seat_chart_boxes(run.stdout)

@@ -29,10 +29,12 @@ def swatch(color: str, border: str = "#999999", border_px: int = 1) -> str:
     )
 
 
-def occupancy_legend(stalled: bool = False) -> str:
-    codes = (PREFILL, DECODE, HELD, STALLED, EMPTY) if stalled else (PREFILL, DECODE, HELD, EMPTY)
+def occupancy_legend(stalled: bool = False, held: bool = True, more: tuple[str, ...] = ()) -> str:
+    """The seat states' colours (held: static batching's idle seats; stalled: seats waiting for budget), and `more`
+    items after them (HTML: a fleet's marks)."""
+    codes = [PREFILL, DECODE] + [HELD] * held + [STALLED] * stalled + [EMPTY]
     items = [f"{swatch(STATE_COLORS[c])}{STATE_NAMES[c]}" for c in codes]
-    return '<div style="font-size:0.95em">' + " &nbsp; ".join(items) + "</div>"
+    return '<div style="font-size:0.95em">' + " &nbsp; ".join([*items, *more]) + "</div>"
 
 
 def kv_legend(prefix_caching: bool = False) -> str:
@@ -205,6 +207,7 @@ CHAT_STATUS = {  # a request's status (viz.replies) in the words of a chat windo
     "finished (eos)": "done",
     "finished (length)": "cut off at its length limit",
     "finished (aborted)": "stopped: the user hung up",
+    "finished (handed-over)": "first token made: handed over to the decode engine",
 }
 
 

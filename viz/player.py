@@ -73,7 +73,7 @@ class TracePlayer:
         self.last_step = table.num_steps - 1
         self.simulated = table.config.get("clock") == "simulated"
         self.colors = colors or table.colors
-        self.occupancy = OccupancyRaster(table, width, axis_steps, axis_seconds, text_px=text_px, height=height)
+        self.occupancy = self.seat_chart(table, width, axis_steps, axis_seconds, text_px, height)
         self.text_px = text_px  # the chart's smallest lettering, in its pixels
         self.kv_cell = int(np.clip(width // blocks_per_row(table), 5, 16))
         self.has_block_map = table.has_block_map
@@ -82,7 +82,12 @@ class TracePlayer:
         self.progress = RunProgress(table)
         self.budget, self.bar_tokens = table.budget, bar_scale(table)
         self.prompts = [r.prompt or decode(r.prompt_ids) for r in table.requests]
+        self.carried = np.zeros(len(table.requests), dtype=int)  # reply tokens each request brought from elsewhere
         self.summary = table.summary  # the whole run, for comparisons
+
+    def seat_chart(self, table, width, axis_steps, axis_seconds, text_px, height) -> OccupancyRaster:
+        """The seat chart, painted once and revealed frame by frame (a fleet's marks it: viz/fleet.py)."""
+        return OccupancyRaster(table, width, axis_steps, axis_seconds, text_px=text_px, height=height)
 
     @property
     def end_s(self) -> float:
@@ -114,7 +119,7 @@ class TracePlayer:
 
     def replies(self, step: int, arrived: list[int]) -> list[Reply]:
         table = self.table
-        made, produced = table.made_at(step), table.produced(step)
+        made, produced = table.made_at(step), table.produced(step) + self.carried
         guesses, allowed, constrained = table.guesses.get(step, {}), table.allowed[step], table.constrained
         out = []
         for i in arrived:

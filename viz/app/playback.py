@@ -260,16 +260,17 @@ def seats_busy_headline(players: list[tuple[str, TracePlayer]], note: str = "", 
         st.markdown(f"Same requests and seats: only the scheduler differs. {note}", unsafe_allow_html=True)
 
 
-def play(players: list[tuple[str, TracePlayer]], transport: Transport, headline=None) -> None:
+def play(players: list[tuple[str, TracePlayer]], transport: Transport, headline=None, legend: str | None = None
+         ) -> None:  # fmt: skip
     """Draw the player: `headline(players)` once (it is about the whole run), then the transport and the panels;
-    while playing, a timer redraws only that part of the page."""
+    while playing, a timer redraws only that part of the page. legend: the seat charts' (default: their states)."""
     if headline:
         headline(players)
     timer = transport.timer()
-    st.fragment(_player, run_every=timer, key=transport.key("player"))(players, transport, timer)
+    st.fragment(_player, run_every=timer, key=transport.key("player"))(players, transport, timer, legend)
 
 
-def _player(players, transport: Transport, timer: float | None) -> None:
+def _player(players, transport: Transport, timer: float | None, legend: str | None = None) -> None:
     timeline = Timeline.of([p for _, p in players])
     if transport.timer() != timer:  # play / pause / speed changed: the fragment's timer is set by a full run
         st.rerun(scope="app")
@@ -283,7 +284,7 @@ def _player(players, transport: Transport, timer: float | None) -> None:
     frame_ms = st.session_state.get(transport.key("frame_ms"))
     drawn = f" · last frame drawn in {frame_ms:.0f} ms" if frame_ms is not None else ""
     caption = f"{timeline.label(transport.step)}{playing}{drawn}"
-    legend = occupancy_legend(any(p.has_stalled for _, p in players))
+    legend = legend or occupancy_legend(any(p.has_stalled for _, p in players))
     if presenter.on():  # one line for both
         left, right = st.columns([1, 1.7], vertical_alignment="center")
         left.caption(caption)

@@ -20,7 +20,7 @@ from minillm.errors import MinillmError
 from minillm.model.checkpoint import load_model
 from minillm.runs.metrics import one_user_left
 from minillm.runs.workload import SEED_STORY_SLOTS, WORKLOADS
-from viz.app import presenter, trace_store
+from viz.app import fleet_view, presenter, trace_store
 from viz.app.playback import Transport, play, seats_busy_headline
 from viz.app.trace_files import exports, uploaded_players
 from viz.colors import DECODE, PREFILL
@@ -180,7 +180,12 @@ def sidebar(where=None) -> tuple[dict, str, str]:
     devices = ["cpu", "cuda"] if torch.cuda.is_available() else ["cpu"]
     device = bar.radio("device", devices, horizontal=True, key="device") if len(devices) > 1 else "cpu"
     presenter.heading(bar, "View")
-    schedule = bar.radio("scheduler", list(SCHEDULES), key="schedule")
+    views, (fleet, router) = [*SCHEDULES, *fleet_view.CHOICES], fleet_view.linked()  # (?fleet=pair: a link)
+    schedule = bar.radio("scheduler", views, views.index(fleet) if fleet else 0, key="schedule")
+    if schedule == fleet_view.REPLICAS:
+        routers = list(fleet_view.ROUTERS)
+        router = bar.selectbox("router", routers, routers.index(router), key="route", help=fleet_view.ROUTER_HELP)
+        schedule = f"{schedule}, {router}"
     settings = {"workload": workload, "knobs": knobs, "seed": int(seed), "slots": slots, "kv": kv}
     settings |= {"block_size": block_size, "num_blocks": int(num_blocks) if num_blocks else None}
     settings |= {"token_budget": budget, "prefix_caching": prefix, "speculate": speculate}
@@ -254,6 +259,11 @@ def show() -> None:
     # the presenter view's first row: the settings' and the trace's popovers, the headline, and why it says so
     settings_at, trace_at, *headline_at = presenter.settings_row([1.45, 1.2, 8, 1.35])
     settings, device, schedule = sidebar(settings_at)
+    if schedule in fleet_view.FLEETS:  # two engines, each its own trace
+        one_engine = lambda run: trace_for("continuous", run, device)[0]
+        fleet_view.show(settings, device, schedule, transport, [trace_at, *headline_at], lambda: cached_model(device),
+                        one_engine)  # fmt: skip
+        return
     warm_nearby(settings, device, schedule)
     players = uploaded_players() or live_players(settings, device, schedule)
     exports(players, trace_at)

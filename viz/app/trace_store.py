@@ -8,7 +8,8 @@ at the lowest CPU priority runs the settings one change away from the ones on sc
 nearest first, each workload), so that changing to one of them costs a read, not a run. Asked first for the runs on
 screen that are not on disk yet, in the reverse of the order the app runs them, it also runs the second policy
 while the app runs the first (a first visit, a change not run ahead): the two cores each run one. What it has run
-stays for the next session: a workshop rehearsed once opens with its moves already on disk.
+stays for the next session: a workshop rehearsed once opens with its moves already on disk. A fleet's run (two
+engines in this process: fleet_run.py) is kept and run ahead the same way, its engines' traces in one file.
 
     MINILLM_APP_TRACES=DIR   where (default: $XDG_CACHE_HOME/minillm/app-traces); "off": neither disk nor worker
     MINILLM_APP_WARM=0       the disk, without the worker (screenshots; and by default inside pytest: 1 turns it on)
@@ -37,11 +38,13 @@ from minillm.engine.trace import Trace
 from minillm.grammar import compile_regex
 from minillm.runs.run import workload_engine
 from minillm.runs.workload import ChatKnobs
+from viz.app import fleet_run
 
 QUEUE, CURRENT = "queue.json", "current.json"  # the runs wanted, nearest first; the one the worker is on
 WAIT_S = 20.0  # the longest the app waits for the worker to finish a run it needs (then it runs it itself)
 KEEP_FINGERPRINTS = 3  # directories of older code's runs kept (switching branches back and forth), the rest deleted
-Job = tuple[str, dict, str]  # (scheduler, settings, device): one engine run
+Job = tuple[str, dict, str]  # (scheduler, settings, device): one engine run; scheduler "fleet": a fleet's (fleet_run)
+Run = Trace | list[Trace]  # what a job makes: a fleet makes one trace per engine
 
 
 def root() -> Path | None:
@@ -85,25 +88,27 @@ def path_of(job: Job) -> Path | None:
     return None if where is None else where / f"{hashlib.sha1(key(*job).encode()).hexdigest()[:24]}.json.gz"
 
 
-def load(job: Job) -> Trace | None:
+def load(job: Job) -> Run | None:
     """The run from disk, or None (not run yet, off, or unreadable: a half-written file is never seen, see save)."""
     path = path_of(job)
     if path is None or not path.is_file():
         return None
     try:
-        return Trace.from_dict(json.loads(gzip.decompress(path.read_bytes())))
+        data = json.loads(gzip.decompress(path.read_bytes()))
+        return [Trace.from_dict(d) for d in data] if isinstance(data, list) else Trace.from_dict(data)
     except (OSError, ValueError, KeyError, TypeError):
         path.unlink(missing_ok=True)  # (a file from a crash: run it again)
         return None
 
 
-def save(job: Job, trace: Trace) -> None:
+def save(job: Job, trace: Run) -> None:
     path = path_of(job)
     if path is None:
         return
     path.parent.mkdir(parents=True, exist_ok=True)
     part = path.with_suffix(f".{os.getpid()}.part")
-    part.write_bytes(gzip.compress(json.dumps(trace.to_dict(), separators=(",", ":")).encode(), compresslevel=3))
+    data = [t.to_dict() for t in trace] if isinstance(trace, list) else trace.to_dict()
+    part.write_bytes(gzip.compress(json.dumps(data, separators=(",", ":")).encode(), compresslevel=3))
     os.replace(part, path)  # atomic: a reader sees the whole file or none
     _forget_old_code(path.parent.parent)
 
@@ -119,11 +124,13 @@ def _forget_old_code(base: Path) -> None:
 NUMBERS = r"[0-9]+( [0-9]+)*"  # numbers apart by one space: how the model counts down (lesson 14's "habit")
 
 
-def run(job: Job, model) -> Trace:
+def run(job: Job, model) -> Run:
     """One engine run of the step player: a scheduler's name, the sidebar's settings (step_player.sidebar). With
     "constrained" every other user's reply is held to NUMBERS (a countdown obeys it as it is; a spelling is forced
-    into digits), so the chat shows what each step's mask allowed."""
+    into digits), so the chat shows what each step's mask allowed. A fleet's job runs every engine of it."""
     scheduler, settings, _ = job
+    if scheduler == "fleet":
+        return fleet_run.run(settings, model)
     settings = dict(settings)
     workload, knobs, constrained = settings.pop("workload"), settings.pop("knobs"), settings.pop("constrained", False)
     engine = workload_engine(model, workload, scheduler, knobs=ChatKnobs(**knobs) if knobs else None, **settings)

@@ -31,7 +31,7 @@ from minillm.card.modelspec import load_spec, shipped_models
 from minillm.card.roofline import KV_BYTES, WEIGHT_BYTES
 from minillm.card.tensor_parallel import rank_spec
 from minillm.errors import MinillmError
-from viz.app import crowd, multicard, presenter
+from viz.app import crowd, fleet_cards, multicard, presenter
 from viz.app.playback import png_html
 from viz.card import (
     BLOCK,
@@ -230,3 +230,4 @@ def show() -> None:
     if everyone:
         st.divider()
         crowd.crowd_view(choice, everyone)
+        fleet_cards.fleet_view(choice)

@@ -1,0 +1,95 @@
+"""The step player's fleet, in this process: two engines over the shipped model, as lesson 13 runs them.
+
+    replicas  two engines, each with its own seats, KV pool and prefix cache; a router sends each arrival to one by a
+              policy of serving/routing.py (round robin, least loaded, cache aware over the replicas' real block keys)
+    pair      a prefill engine and a decode engine: every request goes to the first with handoff=True; after its first
+              token its prompt's KV is copied to the second (engine.handover.hand_over), which decodes the rest
+
+Every engine steps at every step of the fleet (an idle one records an empty step), so a step number is the same moment
+in each engine's trace and the step player shows them on one time axis. A request handed over in step t joins the
+decode engine's queue at step t + 1: its KV is on its way between the two steps, as between two cards. Each replica's
+trace says why the router sent it each of its requests (config["routed"]: request id -> [reason, blocks matched]); a
+hand-over needs no note: the prefill trace ends the request "handed-over", and its copy arrives in the decode trace.
+
+No Streamlit here: the step player's background worker (trace_store.py) runs fleets too.
+"""
+
+from __future__ import annotations
+
+from minillm.card.fleet import left_to_run
+from minillm.config import EngineConfig
+from minillm.engine.engine import Engine
+from minillm.engine.handover import hand_over
+from minillm.engine.request import Request
+from minillm.engine.scheduler import ContinuousScheduler
+from minillm.engine.trace import Trace
+from minillm.runs.workload import ChatKnobs, make_workload
+from minillm.serving.routing import ROUTES, ReplicaView, prompt_keys, shareable
+
+REPLICAS = 2
+ROLES = {"replicas": ["replica"] * REPLICAS, "pair": ["prefill", "decode"]}
+
+
+def engines_for(settings: dict, model) -> list[Engine]:
+    """The fleet's engines: the step player's settings for each (paged KV, continuous batching)."""
+    roles = ROLES[settings["fleet"]]
+    cfg = EngineConfig(slots=settings["slots"], kv="paged", block_size=settings["block_size"],
+                       num_blocks=settings["num_blocks"], prefix_caching=settings["prefix_caching"],
+                       max_len=model.cfg.max_seq_len)  # fmt: skip
+    meta = {"workload": settings["workload"], "seed": settings["seed"], "fleet": settings["fleet"]}
+    meta |= {"route": settings["route"]} if settings["fleet"] == "replicas" else {}
+    engines = []
+    for i, role in enumerate(roles):
+        books = {"routed": {}} if role == "replica" else {}  # (filled in as the router sends it requests)
+        policy = ContinuousScheduler(token_budget=settings["token_budget"])
+        engines.append(Engine(model, policy, cfg, meta=meta | {"role": role, "engine": i} | books))
+    return engines
+
+
+def run(settings: dict, model) -> list[Trace]:
+    """Serve the settings' crowd on the fleet they name (settings["fleet"]: "replicas" or "pair"); one trace per
+    engine, in order (replica 0, replica 1; or prefill, decode)."""
+    knobs = settings["knobs"]
+    requests = make_workload(settings["workload"], ChatKnobs(**knobs) if knobs else None, settings["seed"])
+    engines = engines_for(settings, model)
+    if settings["fleet"] == "replicas":
+        serve_replicas(engines, requests, ROUTES[settings["route"]](), settings["block_size"])
+    else:
+        serve_pair(*engines, requests)
+    return [engine.trace() for engine in engines]
+
+
+def work_in_hand(engine: Engine) -> int:
+    """A replica's load as the router counts it: what its live requests still have to run (prompt, then output)."""
+    return sum(left_to_run(r) for r in engine.live.values())
+
+
+def serve_replicas(engines: list[Engine], requests: list[Request], policy, block_size: int) -> None:
+    """Route each arrival when it comes (the router sees each replica's load and every block key its prefix cache
+    holds), then step every replica; until all are done."""
+    arrivals = sorted(requests, key=lambda r: r.arrival_step)[::-1]  # (a stack: the next arrival last)
+    step = 0
+    while arrivals or any(e.has_work() for e in engines):
+        while arrivals and arrivals[-1].arrival_step <= step:
+            request = arrivals.pop()
+            keys = shareable(prompt_keys(request.prompt_ids, block_size), len(request.prompt_ids), block_size)
+            views = [ReplicaView(i, work_in_hand(e), set(e.cache.allocator.key_of.values()))
+                     for i, e in enumerate(engines)]  # fmt: skip
+            choice = policy.choose(keys, len(request.prompt_ids) + request.max_new_tokens, views)
+            engines[choice.replica].meta["routed"][request.id] = [choice.reason, choice.matched_blocks]
+            engines[choice.replica].submit(request)
+        for engine in engines:
+            engine.step()
+        step += 1
+
+
+def serve_pair(prefill: Engine, decode: Engine, requests: list[Request]) -> None:
+    """Prompts on one engine, replies on the other: after both have stepped, every request that made its first token
+    on the prefill engine goes to the decode engine with its prompt's keys and values."""
+    for request in requests:
+        request.handoff = True
+        prefill.submit(request)
+    while prefill.has_work() or prefill.handed or decode.has_work():
+        prefill.step()
+        decode.step()
+        hand_over(prefill, decode)
