@@ -43,6 +43,13 @@ def test_every_link_and_picture_resolves(page):
     assert not broken, f"{page.name}: broken links: {broken}"
 
 
+@pytest.mark.parametrize("page", PAGES, ids=lambda p: p.name)
+def test_no_page_is_left_with_a_placeholder(page):
+    """A draft marks text still to write (figures from a bench run) as NAME_TEXT on a line of its own."""
+    left = re.findall(r"^[A-Z][A-Z_]*_TEXT$", page.read_text(), re.MULTILINE)
+    assert not left, f"{page.name}: placeholders never filled in: {left}"
+
+
 def test_the_readme_is_a_five_minute_read():
     lines = len((ROOT / "README.md").read_text().splitlines())
     assert lines <= README_MAX_LINES, f"README.md has {lines} lines (at most {README_MAX_LINES}: move detail to docs/)"

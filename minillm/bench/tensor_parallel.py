@@ -19,6 +19,7 @@ import time
 
 import torch
 
+from minillm.card.hardware import LINKS
 from minillm.config import EngineConfig
 from minillm.engine.engine import Engine
 from minillm.engine.request import Request
@@ -137,4 +138,24 @@ def markdown(r: dict, img) -> list[str]:
     rate = lambda tp: c[tp]["tokens_per_s"] if tp in c else c[str(tp)]["tokens_per_s"]
     lines += ["", f"The chat crowd on the shipped model: {rate(1):.0f} tokens/s at tp = 1, {rate(2):.0f} at tp = 2; "
               f"the same replies, token for token: {'yes' if r['crowd_same_replies'] else 'NO'}.", ""]  # fmt: skip
-    return lines
+    return lines + why(r, small)
+
+
+def why(r: dict, small: dict) -> list[str]:
+    """Where a split step's time goes here, from the figures above, and why GPUs differ."""
+    first, best = r["steps"][0], max(r["steps"], key=lambda x: x["speedup"])
+    comm = first["allreduces"] * small["seconds"]
+    pays = "pays" if best["speedup"] > 1 else "never pays here"
+    nvlink = LINKS["nvlink-4"].latency_s
+    text = (
+        "Why: every step at tp = 2 pays fixed costs that one process does not. In the smallest step "
+        f"({first['size']}, batch {first['batch']}: {first['tp1_s'] * 1e3:.2f} ms whole) the {first['allreduces']} "
+        f"all-reduces alone take about {first['allreduces']} x {small['seconds'] * 1e6:.0f} us = {comm * 1e3:.1f} ms, "
+        "and rank 0 sends each step's plan to the other rank before either computes; against that, each rank's half "
+        f"of the compute saves little. The split {pays} only where a step's own work dwarfs them: best here "
+        f"{best['size']} at batch {best['batch']}, {best['speedup']:.2f}x. Over NVLink a small all-reduce takes about "
+        f"{nvlink * 1e6:.0f} us (card/hardware.py, from SGLang's measurements), {small['seconds'] / nvlink:.0f}x less "
+        "than gloo's here, and a big model's step is milliseconds of weight reads that halve: that is where tensor "
+        "parallelism wins (lesson 12; section 11's published multi-GPU rows)."
+    )
+    return [text, ""]
