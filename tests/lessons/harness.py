@@ -17,6 +17,7 @@ import ast
 import functools
 import importlib
 import inspect
+import math
 import os
 import textwrap
 import traceback
@@ -81,6 +82,37 @@ def exercises_dir() -> Path | None:
     if spec is None or not spec.submodule_search_locations:
         return None
     return Path(next(iter(spec.submodule_search_locations))).resolve()
+
+
+def check_numbers(function: str, yours, cases, answer, known_mistakes: dict[str, str], abs_tol: float) -> None:
+    """Your function against the answer on every case, (situation, args); the first difference fails, led by the
+    likely mistake when one of known_mistakes gives every one of your numbers (answer(mistake): the functions as that
+    mistake writes them; answer(): the right ones)."""
+    same = lambda got, expected: got == expected or math.isclose(got, expected, rel_tol=1e-9, abs_tol=abs_tol)  # noqa: E731
+    key = getattr(answer(), function)
+    for where, args in cases:
+        with case(f"{function}, {where}"):
+            got = yours(*args)
+        assert isinstance(got, int | float) and not isinstance(got, bool), (
+            f"{function}, {where}: return a number, got {got!r}"
+        )
+        if same(got, key(*args)):
+            continue
+        mine = [yours(*a) for _, a in cases]
+        hints = [m for m in known_mistakes
+                 if all(same(g, getattr(answer(m), function)(*a)) for g, (_, a) in zip(mine, cases))]  # fmt: skip
+        lines = [f"likely mistake: {known_mistakes[m]}" for m in hints[:1]]
+        lines.append(f"{function}, {where}: yours gives {got:,.6g}, the answer is {key(*args):,.6g}")
+        raise AssertionError("\n".join(lines))
+
+
+def failure_of(check_all, wrong) -> tuple[str, str]:
+    """(first line, whole message) of the AssertionError the checks give a wrong version: what a student sees
+    first, and all of it (for a test's own failure message). Fails the test if the checks let it pass."""
+    with pytest.raises(AssertionError) as caught:
+        check_all(wrong)
+    message = str(caught.value)
+    return message.splitlines()[0], message
 
 
 def unwritten_part(error: NotImplementedError) -> Unwritten | None:

@@ -23,7 +23,8 @@ from minillm.card.hardware import DEVICES
 from minillm.card.modelspec import load_spec
 from minillm.card.tensor_parallel import rank_spec, tp_step
 from minillm.parallel.shard import rows_of
-from tests.lessons.harness import CHECKS, case, implementations, raised_in_your_code, stub
+from tests.lessons.harness import CHECKS, case, failure_of, implementations, raised_in_your_code, stub
+from tests.lessons.harness import check_numbers as harness_check_numbers
 from tests.lessons.harness import student_module as student
 
 lesson = pytest.mark.lesson12  # your code's checks: pytest -m lesson12
@@ -326,28 +327,8 @@ def allreduce_cases():
     return cases + [("a toy model, 3 tokens on 3 cards", (8, 2, 3, 3, 16))]
 
 
-def same(got, expected) -> bool:
-    return got == expected or math.isclose(got, expected, rel_tol=1e-9, abs_tol=1e-12)
-
-
 def check_numbers(function: str, yours, cases) -> None:
-    """Your function against the answer on every case; the first difference fails, the likely mistake first (one
-    that gives every one of your numbers)."""
-    key = getattr(answer(), function)
-    for where, args in cases:
-        with case(f"{function}, {where}"):
-            got = yours(*args)
-        assert isinstance(got, int | float) and not isinstance(got, bool), (
-            f"{function}, {where}: return a number, got {got!r}"
-        )
-        if same(got, key(*args)):
-            continue
-        mine = [yours(*a) for _, a in cases]
-        hints = [m for m in KNOWN_MISTAKES
-                 if all(same(g, getattr(answer(m), function)(*a)) for g, (_, a) in zip(mine, cases))]  # fmt: skip
-        lines = [f"likely mistake: {KNOWN_MISTAKES[m]}" for m in hints[:1]]
-        lines.append(f"{function}, {where}: yours gives {got:,.6g}, the answer is {key(*args):,.6g}")
-        raise AssertionError("\n".join(lines))
+    harness_check_numbers(function, yours, cases, answer, KNOWN_MISTAKES, abs_tol=1e-12)
 
 
 def check_memory(impl) -> None:
@@ -569,10 +550,7 @@ def test_a_correct_version_passes(right):
 @pytest.mark.parametrize("name", WRONG)
 def test_the_checks_catch_a_wrong_version_and_name_the_mistake_first(name):
     wrong, hint = WRONG[name]
-    with pytest.raises(AssertionError) as caught:
-        check_all(wrong)
-    message = str(caught.value)
-    first = message.splitlines()[0]
+    first, message = failure_of(check_all, wrong)
     assert hint in first, message
     if not hint.startswith("likely mistake"):  # the situation comes first: which function, shape and card
         assert first.startswith(("shard_qkv, ", "shard_down, ", "tp_mlp, ")), first
@@ -582,9 +560,7 @@ def test_the_checks_catch_a_wrong_version_and_name_the_mistake_first(name):
 def test_two_mistakes_at_once_get_the_plain_line():
     both = answer("gb")
     wrong = with_(card_memory_gib=lambda *a: both.card_memory_gib(*a) * 2)
-    with pytest.raises(AssertionError) as caught:
-        check_all(wrong)
-    first = str(caught.value).splitlines()[0]
+    first, _ = failure_of(check_all, wrong)
     assert first.startswith("card_memory_gib, ") and "yours gives" in first, first
 
 
