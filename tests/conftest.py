@@ -7,6 +7,7 @@ import os
 import re
 import shutil
 import tempfile
+from contextlib import contextmanager
 from pathlib import Path
 
 import pytest
@@ -38,6 +39,18 @@ atexit.register(shutil.rmtree, TEST_CACHE, ignore_errors=True)
 # The test models are tiny: their ops are too small to split between threads, and on a busy 2-core
 # machine two torch threads wait on each other (a test took 36 s on two threads, 0.8 s on one).
 torch.set_num_threads(1)
+
+
+@contextmanager
+def one_torch_thread():
+    """Torch on one thread inside, the caller's count restored after (a test that runs the CLI or the app may have
+    changed it: `--threads`, the app's own setting)."""
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)
+    try:
+        yield
+    finally:
+        torch.set_num_threads(threads)
 
 
 def pytest_collection_modifyitems(config, items):

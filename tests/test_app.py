@@ -31,7 +31,7 @@ from minillm.engine.trace import Trace
 from minillm.runs import trace_file
 from minillm.serving.server import ServerThread, build_loop
 from minillm.serving.trace_window import window
-from tests.conftest import random_model
+from tests.conftest import one_torch_thread, random_model
 from viz.app import fleet_run, fleet_view, step_player, trace_store
 from viz.app.live import DEFAULT_URL, ServerError, server_url
 from viz.app.step_player import NOT_IMPLEMENTED
@@ -109,12 +109,8 @@ def tiny_trace() -> Trace:
     engine = Engine(random_model("gqa"), ContinuousScheduler(), EngineConfig(slots=2, block_size=4, max_len=64))
     for i in range(4):
         engine.submit(Request(f"u{i}", [257, 97 + i, 259], 5, arrival_step=i, ignore_eos=True, prompt=f"p{i}"))
-    threads = torch.get_num_threads()
-    torch.set_num_threads(1)  # a tiny model's ops are too small to split across threads
-    try:
+    with one_torch_thread():  # a tiny model's ops are too small to split across threads
         return engine.run()
-    finally:
-        torch.set_num_threads(threads)
 
 
 def test_opens_on_the_seed_story_side_by_side_ready_to_play():
@@ -323,17 +319,13 @@ def events(at: AppTest) -> list[str]:
 @pytest.fixture(scope="module")
 def fleet_traces(shipped_model):
     """The fleets the view runs by default, run here for the figures they should show."""
-    threads = torch.get_num_threads()
-    torch.set_num_threads(1)
-    try:
+    with one_torch_thread():
         runs = {route: fleet_run.run(fleet_view.fleet_settings(STORY_SETTINGS, "replicas", route), shipped_model)
                 for route in ("cache-aware", "round-robin")}  # fmt: skip
         pair = fleet_view.fleet_settings(STORY_SETTINGS, "pair", None)
         runs["pair"] = fleet_run.run(pair, shipped_model)
         runs["one engine"] = trace_store.run(("continuous", fleet_view.one_engine_settings(pair), "cpu"), shipped_model)
         return runs
-    finally:
-        torch.set_num_threads(threads)
 
 
 def test_the_fleet_view_shows_two_replicas_and_why_each_request_went_where(fleet_traces):
@@ -713,12 +705,8 @@ def crowd_trace() -> Trace:
     engine = Engine(random_model("gqa"), ContinuousScheduler(), EngineConfig(slots=2, block_size=4, max_len=64))
     for i in range(10):
         engine.submit(Request(f"r{i}", [257, 97 + i, 259], 4, arrival_step=2 * i, ignore_eos=True, prompt=f"p{i}"))
-    threads = torch.get_num_threads()
-    torch.set_num_threads(1)
-    try:
+    with one_torch_thread():
         return engine.run()
-    finally:
-        torch.set_num_threads(threads)
 
 
 def server_reply(trace: Trace, now: int, last_steps: int, since_step: int | None = None) -> Trace:

@@ -19,7 +19,7 @@ from minillm.model.tokenizer import BOS, SEP, decode
 from minillm.runs.metrics import summarize, utilization_now
 from minillm.runs.run import run_workload
 from minillm.runs.workload import ChatKnobs
-from tests.conftest import random_model
+from tests.conftest import one_torch_thread, random_model
 from viz import (
     RunProgress,
     Timeline,
@@ -108,9 +108,7 @@ def serve(policy, kv="paged", requests=None, **cfg):
 
 @pytest.fixture(scope="module")
 def traces():
-    threads = torch.get_num_threads()
-    torch.set_num_threads(1)  # a tiny model's ops are too small to split: threads only add waiting (and contention)
-    try:
+    with one_torch_thread():  # a tiny model's ops are too small to split: threads only add waiting (and contention)
         return {
             "static": serve(StaticScheduler()),
             "continuous": serve(ContinuousScheduler()),
@@ -119,8 +117,6 @@ def traces():
             "budgeted": serve(ContinuousScheduler(token_budget=4)),  # prompts of 5-8 tokens: cut into chunks
             "shared": serve(ContinuousScheduler(), requests=sharers(), num_blocks=24, prefix_caching=True),
         }
-    finally:
-        torch.set_num_threads(threads)
 
 
 ALL = ["static", "continuous", "contiguous", "preempting", "budgeted", "shared"]

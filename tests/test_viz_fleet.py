@@ -7,12 +7,12 @@ import io
 
 import numpy as np
 import pytest
-import torch
 from PIL import Image
 
 from minillm.model.tokenizer import decode as decode_tokens
 from minillm.runs.run import run_workload
 from minillm.runs.workload import ChatKnobs
+from tests.conftest import one_torch_thread
 from viz.app import fleet_run, trace_store
 from viz.colors import rgb255
 from viz.events import describe, step_events
@@ -38,16 +38,12 @@ PAIR = BASE | {"fleet": "pair", "workload": "long-prompts", "num_blocks": None, 
 
 @pytest.fixture(scope="module")
 def fleets(shipped_model):
-    threads = torch.get_num_threads()
-    torch.set_num_threads(1)  # (the tiny model's ops are too small to split)
-    try:
+    with one_torch_thread():  # (the tiny model's ops are too small to split)
         runs = {route: fleet_run.run(REPLICAS | {"route": route}, shipped_model) for route in fleet_run.ROUTES}
         runs["pair"] = fleet_run.run(PAIR, shipped_model)
         one = {k: v for k, v in PAIR.items() if k not in ("fleet", "workload", "knobs")}
         runs["one engine"] = run_workload(shipped_model, "long-prompts", knobs=ChatKnobs(**PAIR["knobs"]), **one)
         return runs
-    finally:
-        torch.set_num_threads(threads)
 
 
 def test_every_engine_steps_at_every_step_of_the_fleet(fleets):

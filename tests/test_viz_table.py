@@ -4,7 +4,6 @@ frame of the step player reads no record of the trace."""
 
 import numpy as np
 import pytest
-import torch
 
 from minillm.card.hardware import get_device
 from minillm.card.modelspec import load_spec
@@ -13,6 +12,7 @@ from minillm.grammar import compile_regex
 from minillm.model.tokenizer import VOCAB_SIZE
 from minillm.runs.run import run_workload, workload_engine
 from minillm.runs.workload import ChatKnobs
+from tests.conftest import one_torch_thread
 from viz import TracePlayer, kv_memory, table_of
 from viz.app.playback import figures
 from viz.colors import STATE_CODES
@@ -22,9 +22,7 @@ from viz.table import build_table
 
 @pytest.fixture(scope="module")
 def runs(shipped_model):
-    threads = torch.get_num_threads()
-    torch.set_num_threads(1)  # (the tiny model's ops are too small to split)
-    try:
+    with one_torch_thread():  # (the tiny model's ops are too small to split)
         held = workload_engine(shipped_model, "seed-story", "continuous")
         for r in held.requests[1::2]:  # every other user held to numbers (lesson 14's pattern)
             r.constraint = compile_regex(r"[0-9]+( [0-9]+)*")
@@ -39,8 +37,6 @@ def runs(shipped_model):
             "simulated": run_workload(card, "azure-conv", "static", knobs=ChatKnobs(24, rate_per_s=4), slots=8),
             "constrained": held.run(),
         }
-    finally:
-        torch.set_num_threads(threads)
 
 
 RUNS = ["static", "continuous", "speculating", "prefix caching", "preempting", "simulated", "constrained"]

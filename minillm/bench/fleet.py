@@ -142,7 +142,8 @@ def colocated_vs_disaggregated(model: Transformer, s) -> dict:
 
 
 def markdown(r: dict) -> list[str]:
-    verdict = lambda met: "**met**" if met else "**not met**"  # noqa: E731
+    from minillm.bench.report_scheduling import verdict
+
     per_round = lambda key, shown: "; ".join(k + " " + ", ".join(shown(x[key]) for x in r["runs"][k]) for k in ROUTES)  # noqa: E731
     hit_rates, p99s = per_round("prefix_hit_rate", "{:.1%}".format), per_round("ttft_p99_s", lambda v: f"{1e3 * v:.0f}")
     aware = r["rows"]["cache-aware"]["routed"]

@@ -9,14 +9,12 @@ import matplotlib.pyplot as plt
 import numpy as np
 from matplotlib.ticker import FuncFormatter, LogLocator, NullFormatter
 
+from minillm.bench.report_scheduling import verdict
+
 GRID = np.unique(np.geomspace(1, 128, 29).round().astype(int))  # batches the curves are drawn at
 GPU_GRID = np.unique(np.geomspace(1, 512, 31).round().astype(int))
 CARDS = (("rtx-4090", "RTX 4090"), ("h100-sxm", "H100 SXM"))
 GPU_MODEL, GPU_CONTEXT = "llama-3.1-8b", 1024
-
-
-def verdict(met: bool) -> str:
-    return "**met**" if met else "**not met**"
 
 
 def ridge_line(ax, ridge: float | None) -> None:

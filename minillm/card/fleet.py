@@ -84,6 +84,11 @@ def left_to_run(r: Request) -> int:
     return (len(r.prompt_ids) if not r.output_ids else 0) + r.max_new_tokens - len(r.output_ids)
 
 
+def work_in_hand(engine: Engine) -> int:
+    """An engine's load as a router counts it: what its live requests still have to run (left_to_run)."""
+    return sum(map(left_to_run, engine.live.values()))
+
+
 def simulated_engine(spec, device, typical_tokens: float, dtype="bf16", kv_dtype="bf16", block_size=16,
                      token_budget=None, slots=None, meta=None) -> Engine:  # fmt: skip
     """One card's engine as `run --simulate` builds it: seats for the KV pool at a typical request's length, vLLM's
@@ -184,12 +189,11 @@ class Fleet:
             load = lambda i: sum(len(r.prompt_ids) - min(r.num_computed, len(r.prompt_ids))
                                  for r in self.engines[i].live.values())  # fmt: skip
         else:
-            load = lambda i: sum(left_to_run(r) for r in self.engines[i].live.values())
+            load = lambda i: work_in_hand(self.engines[i])
         return min(self.entry, key=lambda i: (load(i), i))
 
     def least_loaded_decoder(self) -> int:
-        return min(self.decoders, key=lambda i: (sum(map(left_to_run, self.engines[i].live.values()))
-                                                 + self.incoming[i], i))  # fmt: skip
+        return min(self.decoders, key=lambda i: (work_in_hand(self.engines[i]) + self.incoming[i], i))
 
     # --- the hand-over ---------------------------------------------------------------------------------------
     def send(self, p: int, request: Request) -> None:

@@ -16,7 +16,7 @@ No Streamlit here: the step player's background worker (trace_store.py) runs fle
 
 from __future__ import annotations
 
-from minillm.card.fleet import left_to_run
+from minillm.card.fleet import work_in_hand
 from minillm.config import EngineConfig
 from minillm.engine.engine import Engine
 from minillm.engine.handover import hand_over
@@ -57,11 +57,6 @@ def run(settings: dict, model) -> list[Trace]:
     else:
         serve_pair(*engines, requests)
     return [engine.trace() for engine in engines]
-
-
-def work_in_hand(engine: Engine) -> int:
-    """A replica's load as the router counts it: what its live requests still have to run (prompt, then output)."""
-    return sum(left_to_run(r) for r in engine.live.values())
 
 
 def serve_replicas(engines: list[Engine], requests: list[Request], policy, block_size: int) -> None:

@@ -71,12 +71,7 @@ def one_engine_settings(run: dict) -> dict:
 @st.cache_resource(max_entries=6, show_spinner=False)
 def cached_fleet(run_key: str, device: str, _model) -> list[Trace]:
     """The fleet's traces, one per engine: from disk (an earlier session, or the worker), else run here and kept."""
-    job = ("fleet", json.loads(run_key), device)
-    traces = trace_store.load(job) or trace_store.wait_for(job)
-    if traces is None:
-        traces = [Trace.from_dict(t.to_dict()) for t in trace_store.run(job, _model())]  # (as a read one would be)
-        trace_store.save(job, traces)
-    return traces
+    return trace_store.obtain(("fleet", json.loads(run_key), device), _model)
 
 
 @st.cache_resource(max_entries=8, show_spinner=False)

@@ -85,12 +85,7 @@ def cached_trace(scheduler: str, source: str, device: str, settings: str) -> Tra
     `source` (the student's file) is only a cache key: edits rerun it (and their runs are not kept on disk)."""
     if scheduler == "mine":  # a name: run_workload applies the budget
         return trace_store.run((load_my_scheduler(), json.loads(settings), device), cached_model(device))
-    job = (scheduler, json.loads(settings), device)
-    trace = trace_store.load(job) or trace_store.wait_for(job)
-    if trace is None:
-        trace = Trace.from_dict(trace_store.run(job, cached_model(device)).to_dict())  # (as a read one would be)
-        trace_store.save(job, trace)
-    return trace
+    return trace_store.obtain((scheduler, json.loads(settings), device), lambda: cached_model(device))
 
 
 @st.cache_resource(max_entries=8, show_spinner=False)

@@ -141,7 +141,7 @@ def run(job: Job, model) -> Run:
     return engine.run()
 
 
-def wait_for(job: Job, timeout_s: float = WAIT_S) -> Trace | None:
+def wait_for(job: Job, timeout_s: float = WAIT_S) -> Run | None:
     """The run, if the worker is on it right now: it started earlier, so waiting beats running it a second time
     beside it on a machine with two cores (a first visit: it runs one policy while the app runs the other)."""
     where = folder()
@@ -154,6 +154,19 @@ def wait_for(job: Job, timeout_s: float = WAIT_S) -> Trace | None:
             break
         time.sleep(0.1)
     return load(job)
+
+
+def obtain(job: Job, model) -> Run:
+    """The run from disk (an earlier session, or the worker: waited for while it is on it), else run here and kept
+    there; either way as a read one would be (through its dict). model: a callable that returns the model (only a
+    run here needs it)."""
+    found = load(job) or wait_for(job)
+    if found is not None:
+        return found
+    made = run(job, model())
+    made = [Trace.from_dict(t.to_dict()) for t in made] if isinstance(made, list) else Trace.from_dict(made.to_dict())
+    save(job, made)
+    return made
 
 
 # --- the worker -----------------------------------------------------------------------------------------------------
