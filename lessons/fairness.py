@@ -24,8 +24,8 @@ from dataclasses import dataclass
 import torch
 
 from minillm.config import EngineConfig, ModelConfig
-from minillm.engine.engine import Engine
 from minillm.engine.request import Request
+from minillm.layers import LayeredEngine
 from minillm.model.transformer import Transformer
 
 SEATS = 4
@@ -76,7 +76,7 @@ def ttfts(make_scheduler, seeds=SEEDS) -> dict[str, int]:
     out = {}
     for seed in seeds:
         cfg = EngineConfig(slots=SEATS, kv="contiguous", max_len=256)
-        engine = Engine(stand_in_model(), make_scheduler(), cfg)
+        engine = LayeredEngine(stand_in_model(), make_scheduler(), cfg)
         for r in mixed_crowd(seed):
             engine.submit(r)
         for r in engine.run().requests:

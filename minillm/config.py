@@ -9,6 +9,7 @@ from __future__ import annotations
 import math
 import os
 from dataclasses import asdict, dataclass, field
+from typing import Any
 
 from minillm.errors import ConfigError, InputError
 
@@ -137,15 +138,24 @@ def check_sampling(name: str, value) -> None:
 
 @dataclass(frozen=True)
 class Sampling:
-    """How a request's next tokens are picked (engine/sampler.py): greedy unless temperature > 0."""
+    """How a request's next tokens are picked (minillm/layers/sampling.py): greedy unless asked otherwise."""
 
     temperature: float = 0.0  # logits / temperature: higher is flatter; 0: the most likely token (greedy)
     top_p: float = 1.0  # draw from the fewest most likely tokens whose probabilities reach top_p
     top_k: int = 0  # draw from the k most likely tokens (0: no cut)
-    seed: int | None = None  # the same seed, the same reply (None: torch's global generator)
+    seed: int | None = None  # the same seed, the same reply (None: the engine gives it one of its own)
     logprobs: int | None = None  # record the chosen token's log-probability and this many top alternatives
+    # a pattern the reply must match: an automaton over bytes (grammar/, minillm/layers/constrain.py), as vLLM's
+    # SamplingParams carries its structured-output request
+    constraint: Any = None
 
     def __post_init__(self) -> None:
-        for name, value in asdict(self).items():
+        for name in SAMPLING_LIMITS:
+            value = getattr(self, name)
             if value is not None:
                 check_sampling(name, value)
+
+    @property
+    def plain(self) -> bool:
+        """True when the core's greedy pick serves it: no temperature, no logprobs, no pattern."""
+        return self.temperature == 0 and self.logprobs is None and self.constraint is None

@@ -24,10 +24,10 @@ from streamlit.testing.v1 import AppTest
 from app import live_flag
 from minillm.card import roofline, whatif
 from minillm.config import EngineConfig
-from minillm.engine.engine import Engine
 from minillm.engine.request import Request
 from minillm.engine.scheduler import DEFAULT_TOKEN_BUDGET, ContinuousScheduler
-from minillm.engine.trace import Trace
+from minillm.layers import LayeredEngine
+from minillm.layers.trace import Trace
 from minillm.runs import trace_file
 from minillm.serving.server import ServerThread, build_loop
 from minillm.serving.trace_window import window
@@ -106,7 +106,7 @@ def keep_torch_threads():
 
 @pytest.fixture(scope="module")
 def tiny_trace() -> Trace:
-    engine = Engine(random_model("gqa"), ContinuousScheduler(), EngineConfig(slots=2, block_size=4, max_len=64))
+    engine = LayeredEngine(random_model("gqa"), ContinuousScheduler(), EngineConfig(slots=2, block_size=4, max_len=64))
     for i in range(4):
         engine.submit(Request(f"u{i}", [257, 97 + i, 259], 5, arrival_step=i, ignore_eos=True, prompt=f"p{i}"))
     with one_torch_thread():  # a tiny model's ops are too small to split across threads
@@ -702,7 +702,7 @@ def test_server_url():
 @pytest.fixture(scope="module")
 def crowd_trace() -> Trace:
     """Ten short requests arriving over 20 steps on two seats: requests come and go as a window slides."""
-    engine = Engine(random_model("gqa"), ContinuousScheduler(), EngineConfig(slots=2, block_size=4, max_len=64))
+    engine = LayeredEngine(random_model("gqa"), ContinuousScheduler(), EngineConfig(slots=2, block_size=4, max_len=64))
     for i in range(10):
         engine.submit(Request(f"r{i}", [257, 97 + i, 259], 4, arrival_step=2 * i, ignore_eos=True, prompt=f"p{i}"))
     with one_torch_thread():

@@ -9,13 +9,14 @@ from minillm.bench.report import markdown
 from minillm.bench.speculation import CROWDS
 from minillm.bench.structured import TEMPERATURES, TINY, MaskClock, bench_structured
 from minillm.bench.suite import BENCHES
-from minillm.engine import runner, sampler
+from minillm.layers import sampling
+from minillm.layers.constrain import Constraints
 
 
 def test_the_structured_entry_runs_at_a_tiny_size_and_reports(shipped_model):
-    originals = (runner.logit_masks, runner.allowed_counts, sampler.allowed_logits)
+    originals = (Constraints.masks, Constraints.allowed_counts, sampling.allowed_logits)
     r = bench_structured(shipped_model, BenchSettings(quick=True), TINY)
-    assert (runner.logit_masks, runner.allowed_counts, sampler.allowed_logits) == originals
+    assert (Constraints.masks, Constraints.allowed_counts, sampling.allowed_logits) == originals
     assert BENCHES["structured"] is bench_structured
 
     assert [x["batch"] for x in r["mask_cost"]] == list(TINY.batches)
@@ -36,8 +37,8 @@ def test_the_structured_entry_runs_at_a_tiny_size_and_reports(shipped_model):
 
 
 def test_the_mask_clock_times_what_it_wraps_and_puts_it_back():
-    original = runner.logit_masks
+    original = Constraints.masks
     with MaskClock() as clock:
-        assert runner.logit_masks is not original
-        runner.logit_masks(type("NoBatch", (), {"sampled": []})(), 4, "cpu")  # (no row constrained: None)
-    assert runner.logit_masks is original and clock.seconds > 0
+        assert Constraints.masks is not original
+        Constraints().masks(type("NoBatch", (), {"sampled": []})(), 4, "cpu")  # (no row constrained: None)
+    assert Constraints.masks is original and clock.seconds > 0

@@ -6,14 +6,13 @@ from __future__ import annotations
 
 import json
 import re
+from dataclasses import replace
 
 import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from minillm.config import EngineConfig, Sampling
-from minillm.engine.engine import Engine
-from minillm.engine.generate import generate
 from minillm.engine.request import Request
 from minillm.engine.scheduler import ContinuousScheduler, StaticScheduler
 from minillm.errors import InputError
@@ -21,6 +20,7 @@ from minillm.grammar import compile_json_object, compile_regex, compile_schema
 from minillm.grammar.automaton import MAX_STATES
 from minillm.grammar.json_schema import JSON_OBJECT_DEPTH, SchemaError
 from minillm.grammar.regex import RegexError
+from minillm.layers import LayeredEngine, generate
 from minillm.model.tokenizer import EOS, decode, encode_prompt
 from tests.conftest import random_model
 from tests.test_speculate import noisy
@@ -146,20 +146,21 @@ def model():
     return random_model("gqa")
 
 
-def constrained(i: int, pattern: str = DIGITS, **how) -> Request:
+def constrained(i: int, pattern: str = DIGITS, sampling: Sampling | None = None) -> Request:
     prompt = [257] + [(11 * i + j) % 256 for j in range(3 + 5 * (i % 4))]
-    return Request(f"c{i}", prompt, 40, constraint=compile_regex(pattern), **how)  # (every reply ends by 33)
+    sampling = replace(sampling or Sampling(), constraint=compile_regex(pattern))  # (the pattern travels in it)
+    return Request(f"c{i}", prompt, 40, sampling=sampling)  # (every reply ends by 33)
 
 
 def plain_reply(r: Request) -> list[int]:
     s = r.sampling
     return generate(model(), r.prompt_ids, r.max_new_tokens, temperature=s.temperature, top_k=s.top_k, top_p=s.top_p,
-                    seed=s.seed, use_cache=False, constraint=r.constraint).tokens  # fmt: skip
+                    seed=s.seed, use_cache=False, constraint=s.constraint).tokens  # fmt: skip
 
 
-def serve(requests, scheduler=None, draft=None, **cfg) -> Engine:
+def serve(requests, scheduler=None, draft=None, **cfg) -> LayeredEngine:
     cfg = {"max_len": 256, "debug": True, "slots": 3} | cfg
-    engine = Engine(model(), scheduler or ContinuousScheduler(), EngineConfig(**cfg), draft=draft)
+    engine = LayeredEngine(model(), scheduler or ContinuousScheduler(), EngineConfig(**cfg), draft=draft)
     for r in requests:
         engine.submit(r)
     engine.run(max_steps=3000)
@@ -213,14 +214,14 @@ def test_sampled_constrained_replies_draw_only_allowed_tokens_and_follow_their_s
 
 def test_sampled_constrained_requests_speculate_inside_the_pattern():
     requests = [constrained(i, WORD_LIST, sampling=Sampling(temperature=1.0, seed=i)) for i in range(4)]
-    serve(requests, draft=noisy(), speculate=3)
+    trace = serve(requests, draft=noisy(), speculate=3).trace()
     for r in requests:
         assert re.fullmatch(WORD_LIST, decode(r.output_ids)), decode(r.output_ids)
-    assert sum(r.drafts_verified for r in requests) > 0
+    assert sum(trace.request(r.id).drafts_verified for r in requests) > 0
 
 
 def test_the_cap_reached_before_the_pattern_ends_finishes_with_length():
-    r = Request("short", [257, 1, 2], 3, constraint=compile_regex(r"[a-z]{6}"))
+    r = Request("short", [257, 1, 2], 3, sampling=Sampling(constraint=compile_regex(r"[a-z]{6}")))
     serve([r])
     assert r.finish_reason == "length" and re.fullmatch(r"[a-z]{3}", decode(r.output_ids))
 
@@ -230,8 +231,8 @@ def test_eos_only_where_the_pattern_may_end(shipped_model):
     stop after the third; held to 'yes|no' after a whole word."""
     prompt = encode_prompt("count down from 5")
     for pattern in (r"[0-9]{3}", r"(yes|no)", r"5 4 3( 2( 1)?)?"):
-        r = Request(pattern, prompt, 30, constraint=compile_regex(pattern))
-        engine = Engine(shipped_model, ContinuousScheduler(), EngineConfig(slots=1))
+        r = Request(pattern, prompt, 30, sampling=Sampling(constraint=compile_regex(pattern)))
+        engine = LayeredEngine(shipped_model, ContinuousScheduler(), EngineConfig(slots=1))
         engine.submit(r)
         engine.run()
         assert r.finish_reason == "eos" and re.fullmatch(pattern, decode(r.output_ids)), (pattern, r.output_ids)
@@ -239,7 +240,7 @@ def test_eos_only_where_the_pattern_may_end(shipped_model):
 
 
 def test_a_constrained_request_that_ignores_eos_is_rejected_with_the_reason():
-    r = Request("x", [257, 5], 8, ignore_eos=True, constraint=compile_regex("[0-9]+"))
+    r = Request("x", [257, 5], 8, ignore_eos=True, sampling=Sampling(constraint=compile_regex("[0-9]+")))
     serve([r])
     assert r.finish_reason.startswith("rejected") and "cannot ignore EOS" in r.finish_reason
     with pytest.raises(InputError, match="cannot ignore EOS"):

@@ -10,9 +10,11 @@ import os
 import signal
 
 import pytest
+import torch
 from openai import AsyncOpenAI
 
 from minillm.engine.generate import generate
+from minillm.layers import generate as reference
 from minillm.model.tokenizer import decode, encode_prompt
 from minillm.serving.server import ServerThread, build_loop
 from minillm.training.tasks import PREAMBLES
@@ -26,7 +28,7 @@ ASKS = [("count down from 40", None), ("spell 70421", None), ("count down from 9
 def books(engine) -> tuple[int, int, int]:
     """(free blocks, all blocks, requests held for a hand-over), read between two steps."""
     alloc = engine.cache.allocator
-    return alloc.num_free, alloc.num_blocks, len(engine.handed)
+    return alloc.num_free, alloc.num_blocks, len(engine.held)
 
 
 @pytest.fixture
@@ -68,6 +70,31 @@ def test_replies_equal_one_engines_and_both_pools_end_empty(pair, shipped_model)
 def work(engine) -> tuple[int, set]:
     """(prompt tokens the engine computed, how its requests ended): asked of an engine process."""
     return sum(r.prefill_tokens for r in engine.requests), {r.finish_reason for r in engine.requests}
+
+
+def test_logprobs_go_on_across_the_hand_over_and_neither_engine_keeps_them(pair, client, shipped_model):
+    """A reply's first token (and its logprobs) is the prefill engine's, the rest the decode engine's: one entry per
+    token, each the model's own; sampled with a seed, the reply is the one-user loop's (the seed crossed too). Once
+    replied, neither engine keeps its logprobs or its mark (a server runs for days)."""
+    loop, server = pair
+    prompt = encode_prompt("spell 7")
+    body = {"messages": [{"role": "user", "content": "spell 7"}], "logprobs": True, "top_logprobs": 2,
+            "max_tokens": 12, "ignore_eos": True, "temperature": 0.8, "seed": 3, "return_token_ids": True}  # fmt: skip
+    choice = client.post(f"{server.url}/chat/completions", json=body).json()["choices"][0]
+    ids, entries = choice["token_ids"], choice["logprobs"]["content"]
+    assert ids == reference(shipped_model, prompt, 12, temperature=0.8, seed=3, ignore_eos=True).tokens
+    assert len(entries) == len(ids) == 12  # (token 1 from the prefill engine, 2 to 12 from the decode engine)
+    with torch.no_grad():
+        want = shipped_model(torch.tensor([prompt + ids]))[0].log_softmax(-1)  # (T, V)
+    for i, entry in enumerate(entries):
+        assert entry["logprob"] == pytest.approx(want[len(prompt) - 1 + i, ids[i]].item(), abs=1e-4), i
+    for engine in (loop.prefill, loop.decode):
+        assert engine.ask(kept).result(10) == (0, 0), "logprobs or marks kept after the reply"
+
+
+def kept(engine) -> tuple[int, int]:
+    """(requests whose logprobs the engine keeps, requests marked for hand-over): asked of an engine process."""
+    return len(engine.sampler.logprobs), len(engine.handover.marked)
 
 
 def test_a_decode_engine_that_dies_fails_the_request_and_the_prefill_side_frees_its_blocks(pair, client):

@@ -4,11 +4,11 @@ import pytest
 
 from minillm.config import EngineConfig
 from minillm.engine.blocks import BlockAllocator
-from minillm.engine.engine import Engine
 from minillm.engine.generate import generate
 from minillm.engine.request import Request
 from minillm.engine.scheduler import ContinuousScheduler, PlanError, StaticScheduler
 from minillm.errors import InputError
+from minillm.layers import LayeredEngine
 from tests.conftest import random_model
 from tests.lessons.harness import crowd  # the same mixed crowd the lesson checks use
 
@@ -16,7 +16,7 @@ COMBOS = [(s, kv) for s in (StaticScheduler, ContinuousScheduler) for kv in ("co
 
 
 def serve(model, scheduler_cls, kv, requests, **cfg):
-    engine = Engine(model, scheduler_cls(), EngineConfig(kv=kv, max_len=256, debug=True, **cfg))  # books every step
+    engine = LayeredEngine(model, scheduler_cls(), EngineConfig(kv=kv, max_len=256, debug=True, **cfg))  # books every step
     for r in requests:
         engine.submit(r)
     return engine, engine.run(max_steps=2000)
@@ -132,7 +132,7 @@ def test_engine_rejects_a_plan_that_admits_a_request_twice():
             return plan
 
     model = random_model("gqa")
-    engine = Engine(model, Greedy(), EngineConfig(slots=4, max_len=256))
+    engine = LayeredEngine(model, Greedy(), EngineConfig(slots=4, max_len=256))
     engine.submit(Request("a", [257, 1], 3))
     with pytest.raises(PlanError, match="admitted the same request twice"):
         engine.run()
@@ -140,7 +140,7 @@ def test_engine_rejects_a_plan_that_admits_a_request_twice():
 
 def test_a_second_submit_of_a_live_id_is_refused_and_the_others_are_served():
     model = random_model("gqa")
-    engine = Engine(model, ContinuousScheduler(), EngineConfig(slots=2, max_len=256, block_size=4, debug=True))
+    engine = LayeredEngine(model, ContinuousScheduler(), EngineConfig(slots=2, max_len=256, block_size=4, debug=True))
     first, other = Request("a", [257, 1, 2], 4, ignore_eos=True), Request("b", [257, 3], 3, ignore_eos=True)
     assert engine.submit(first) and engine.submit(other)
     engine.step()
@@ -160,7 +160,7 @@ def test_debug_mode_checks_the_allocator_every_step(monkeypatch):
     monkeypatch.setenv("MINILLM_DEBUG", "1")
     assert EngineConfig().debug, "MINILLM_DEBUG=1 turns the debug mode on"
     for debug in (False, True):
-        engine = Engine(model, ContinuousScheduler(), EngineConfig(slots=2, max_len=256, block_size=4, debug=debug))
+        engine = LayeredEngine(model, ContinuousScheduler(), EngineConfig(slots=2, max_len=256, block_size=4, debug=debug))
         engine.submit(Request("a", [257] * 9, 4))
         engine.step()
         engine.cache.allocator.ref_counts[0] += 1  # the books broken between two steps

@@ -27,11 +27,11 @@ import pytest
 import torch
 
 from minillm.config import EngineConfig
-from minillm.engine.engine import Engine
 from minillm.engine.generate import generate
 from minillm.engine.request import Request
 from minillm.engine.scheduler import SCHEDULERS
 from minillm.errors import InputError
+from minillm.layers import LayeredEngine
 from minillm.model.tokenizer import EOS
 from minillm.runs.metrics import summarize
 from tests.conftest import random_model
@@ -95,32 +95,32 @@ def draw_workload(rng: random.Random, runner=None):
                        record_blocks=rng.random() < 0.3, speculate=speculate,
                        drafter="ngram" if drafter == "ngram" else "model")  # fmt: skip
     policy = SCHEDULERS[rng.choice(["static", "continuous"])](token_budget=budget)
-    engine = Engine(runner or model(), policy, cfg, draft=drafts().get(drafter))
+    engine = LayeredEngine(runner or model(), policy, cfg, draft=drafts().get(drafter))
     aborts = sorted(rng.randint(0, 30) for _ in range(rng.choice([0, 0, 1, 2, 3])))  # steps to abort someone at
     resubmit = rng.randint(0, 20) if rng.random() < 0.2 else None
     return engine, requests, aborts, resubmit
 
 
-def where(engine: Engine, r: Request) -> str:
+def where(engine: LayeredEngine, r: Request) -> str:
     if r.seat is None:
         return "preempted" if r.preemptions else "queued"
     return "mid-reply" if r.output_ids else "mid-prompt"
 
 
-def check_every_step(engine: Engine, requests: list[Request]) -> None:
+def check_every_step(engine: LayeredEngine, requests: list[Request]) -> None:
     seated = engine.running()
     places = [id(r) for r in list(engine.pending) + list(engine.waiting) + seated]
     live = [id(r) for r in requests if not r.is_finished]
     assert len(places) == len(set(places)) and set(places) == set(live), "a request was lost or is in two places"
     for r in seated:
         assert engine.seats[r.seat] is r and engine.cache.seat_tokens(r.seat) == r.num_computed, r.id
-        assert not r.draft, f"{r.id}: a draft outlived its step"
-        drafter = engine.speculator.drafter
+        assert not r.lookahead, f"{r.id}: a draft outlived its step"
+        drafter = engine.speculation.drafter if engine.speculation else None  # (None: speculation off)
         if hasattr(drafter, "cache") and drafter.holder[r.seat] == r.admit_order:
             assert drafter.cache.lengths[r.seat] < r.num_tokens, f"{r.id}: the draft's cache holds its last token"
 
 
-def check_the_end(engine: Engine, requests: list[Request], counts: Counter, tie: float = TIE) -> None:
+def check_the_end(engine: LayeredEngine, requests: list[Request], counts: Counter, tie: float = TIE) -> None:
     assert all(r.is_finished for r in requests), "the engine stopped with requests unfinished"
     if engine.cfg.kv == "paged":
         alloc = engine.cache.allocator
@@ -133,8 +133,8 @@ def check_the_end(engine: Engine, requests: list[Request], counts: Counter, tie:
     for r in requests:
         counts["requests"] += 1
         counts["preemptions"] += r.preemptions
-        counts["drafts checked"] += r.drafts_verified
-        counts["drafts kept"] += r.drafts_accepted
+        counts["drafts checked"] += trace.request(r.id).drafts_verified
+        counts["drafts kept"] += trace.request(r.id).drafts_accepted
         assert r.prompt_tokens_from_cache < len(r.prompt_ids), f"{r.id}: more prompt tokens from the cache than it has"
         if r.finish_reason.startswith("rejected"):
             counts["rejected"] += 1

@@ -81,7 +81,7 @@ def test_every_request_ends_once_on_one_decode_engine_and_every_block_comes_back
     assert sorted(r.id for e in decoders for r in e.requests) == sorted(run.copies)  # nobody else decodes there
     for engine in run.engines:
         allocator = engine.cache.allocator
-        assert allocator.num_free == allocator.num_blocks and not engine.handed and not engine.live
+        assert allocator.num_free == allocator.num_blocks and not engine.held and not engine.live
 
 
 def test_each_transfer_is_priced_by_the_formula_and_a_card_sends_one_at_a_time():

@@ -1,4 +1,4 @@
-"""Prefill on one engine, decode on another (engine/handover.py): token-exact against one engine, no block left
+"""Prefill on one engine, decode on another (layers/handover.py): token-exact against one engine, no block left
 behind on either side, under every engine feature on either side."""
 
 from __future__ import annotations
@@ -6,12 +6,11 @@ from __future__ import annotations
 import pytest
 
 from minillm.config import EngineConfig, Sampling
-from minillm.engine.engine import Engine
-from minillm.engine.generate import generate
-from minillm.engine.handover import hand_over
 from minillm.engine.request import Request
 from minillm.engine.scheduler import ContinuousScheduler
 from minillm.grammar import compile_regex
+from minillm.layers import LayeredEngine, generate
+from minillm.layers.handover import hand_over
 from tests.conftest import random_model
 from tests.lessons.harness import crowd
 from tests.test_speculate import noisy
@@ -21,17 +20,17 @@ def model():
     return random_model("gqa")
 
 
-def engine(token_budget=256, **cfg) -> Engine:
+def engine(token_budget=256, **cfg) -> LayeredEngine:
     cfg = {"max_len": 256, "debug": True, "slots": 3} | cfg
-    return Engine(model(), ContinuousScheduler(token_budget=token_budget), EngineConfig(**cfg),
+    return LayeredEngine(model(), ContinuousScheduler(token_budget=token_budget), EngineConfig(**cfg),
                   draft=noisy() if cfg.get("speculate") else None)  # fmt: skip
 
 
-def disaggregated(requests, prefill: Engine, decode: Engine) -> list[Request]:
+def disaggregated(requests, prefill: LayeredEngine, decode: LayeredEngine) -> list[Request]:
     """Every request prefilled on `prefill`, handed over after its first token, decoded on `decode`: the requests
     as they ended (on the decode engine, or on the prefill engine when the first token ended them)."""
     for r in requests:
-        r.handoff = True
+        prefill.handover.mark(r)
         prefill.submit(r)
     ended = {}
     while prefill.has_work() or decode.has_work():
@@ -44,14 +43,14 @@ def disaggregated(requests, prefill: Engine, decode: Engine) -> list[Request]:
     for pool in (prefill, decode):
         if pool.cfg.kv == "paged":
             assert pool.cache.allocator.num_free == pool.cache.allocator.num_blocks, "KV blocks left behind"
-        assert not pool.handed, "a handed-over request still holds its KV"
+        assert not pool.held, "a handed-over request still holds its KV"
     return [ended.get(r.id, r) for r in requests]
 
 
 def plain(r: Request) -> list[int]:
     s = r.sampling
     return generate(model(), r.prompt_ids, r.max_new_tokens, temperature=s.temperature, top_k=s.top_k, top_p=s.top_p,
-                    seed=s.seed, use_cache=False, ignore_eos=r.ignore_eos, constraint=r.constraint).tokens  # fmt: skip
+                    seed=s.seed, use_cache=False, ignore_eos=r.ignore_eos, constraint=s.constraint).tokens  # fmt: skip
 
 
 SIDES = {
@@ -84,9 +83,10 @@ def test_replies_equal_one_engines_whatever_each_side_runs(sides):
 def test_sampled_constrained_and_one_token_replies_cross_too():
     requests = [
         Request("warm", [257, 5, 6], 16, ignore_eos=True, sampling=Sampling(temperature=1.0, seed=3)),
-        Request("digits", [257, 7], 30, constraint=compile_regex(r"[0-9]{3,6}")),
+        Request("digits", [257, 7], 30, sampling=Sampling(constraint=compile_regex(r"[0-9]{3,6}"))),
         Request("one", [257, 9, 9], 1, ignore_eos=True),  # done on the prefill engine: nothing to hand over
-        Request("eos-first", [257, 1], 8, constraint=compile_regex(r"(x)?")),  # may end at its first pick
+        # may end at its first pick
+        Request("eos-first", [257, 1], 8, sampling=Sampling(constraint=compile_regex(r"(x)?"))),
     ]
     ended = disaggregated(requests, engine(), engine())
     for r in ended:
@@ -97,12 +97,13 @@ def test_sampled_constrained_and_one_token_replies_cross_too():
 
 def test_the_prefill_engine_keeps_a_handed_requests_kv_until_released():
     prefill = engine()
-    r = Request("a", [257] + list(range(20)), 10, ignore_eos=True, handoff=True)
+    r = Request("a", [257] + list(range(20)), 10, ignore_eos=True)
+    prefill.handover.mark(r)
     prefill.submit(r)
-    while not prefill.handed:
+    while not prefill.held:
         prefill.step()
     assert r.finish_reason == "handed-over" and len(r.output_ids) == 1 and r.seat is not None
     held = prefill.cache.allocator.num_used
     assert held == 2  # 21 prompt tokens in blocks of 16: its KV is still there, for the copy
     prefill.release(r)
-    assert prefill.cache.allocator.num_used == 0 and r.seat is None and not prefill.handed
+    assert prefill.cache.allocator.num_used == 0 and r.seat is None and not prefill.held

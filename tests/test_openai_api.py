@@ -16,7 +16,7 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from minillm.config import ModelConfig
-from minillm.engine.generate import generate
+from minillm.layers import generate
 from minillm.model.tokenizer import EOS, decode, encode_prompt
 from minillm.model.transformer import Transformer
 from minillm.serving.server import ServerThread, build_loop

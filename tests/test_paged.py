@@ -5,10 +5,11 @@ import random
 import pytest
 import torch
 
+from minillm.card.kv_memory import kv_waste, sequences_that_fit
 from minillm.config import ModelConfig
 from minillm.engine.blocks import BlockPoolExhausted
 from minillm.engine.generate import generate
-from minillm.engine.kv_cache import ContiguousKVCache, PagedKVCache, kv_bytes_per_token, kv_waste, sequences_that_fit
+from minillm.engine.kv_cache import ContiguousKVCache, PagedKVCache, kv_bytes_per_token
 from minillm.model.attention import paged_gather
 from tests.conftest import DEVICES, random_model
 

@@ -8,12 +8,11 @@ import pytest
 import torch
 
 from minillm.config import EngineConfig, Sampling
-from minillm.engine.engine import Engine
-from minillm.engine.generate import generate
+from minillm.engine.packing import pack
 from minillm.engine.request import Request
-from minillm.engine.sampler import sample
 from minillm.engine.scheduler import ContinuousScheduler
 from minillm.errors import InputError
+from minillm.layers import LayeredEngine, Sampler, generate
 from minillm.runs.run import run_workload
 from minillm.runs.workload import ChatKnobs
 from tests.conftest import random_model
@@ -22,8 +21,8 @@ from tests.lessons.harness import crowd
 WARM = Sampling(temperature=1.0, top_p=0.9, top_k=50, seed=7)
 
 
-def serve(model, requests, **cfg) -> Engine:
-    engine = Engine(model, ContinuousScheduler(), EngineConfig(max_len=256, **cfg))
+def serve(model, requests, **cfg) -> LayeredEngine:
+    engine = LayeredEngine(model, ContinuousScheduler(), EngineConfig(max_len=256, **cfg))
     for r in requests:
         engine.submit(r)
     engine.run(max_steps=3000)
@@ -76,9 +75,12 @@ def test_top_k_and_top_p_keep_only_the_likely_tokens():
     logits = torch.tensor([[4.0, 3.0, 2.0, 1.0, 0.0, -1.0]])  # (1, V)
     probs = logits.softmax(-1)[0]
 
+    def pick(r: Request) -> int:  # the token the engine's pick seam gives a one-token row of r
+        return Sampler().pick(logits, pack([(r, r.num_pending)]))[0]
+
     def drawn(**how):
         r = Request("x", [1], 5, sampling=Sampling(temperature=1.0, **how))
-        return {sample(logits, [replace(r, sampling=replace(r.sampling, seed=s))])[0] for s in range(300)}
+        return {pick(replace(r, sampling=replace(r.sampling, seed=s))) for s in range(300)}
 
     assert drawn(top_k=2) == {0, 1}
     enough = float(probs[:3].sum())  # the three likeliest reach this mass: the fourth is never drawn
@@ -89,12 +91,12 @@ def test_top_k_and_top_p_keep_only_the_likely_tokens():
 def test_logprobs_are_the_models_log_softmax_at_each_token():
     model = random_model("gqa")
     r = Request("lp", [257, 3, 4, 5], 6, ignore_eos=True, sampling=Sampling(logprobs=3))
-    serve(model, [r], slots=1)
-    assert len(r.output_logprobs) == 6
+    logprobs = serve(model, [r], slots=1).sampler.logprobs[r.id]
+    assert len(logprobs) == 6
     ids = torch.tensor([r.prompt_ids + r.output_ids])
     with torch.no_grad():
         want = model(ids)[0].float().log_softmax(-1)  # (T, V)
-    for i, (chosen, top_ids, top_lps) in enumerate(r.output_logprobs):
+    for i, (chosen, top_ids, top_lps) in enumerate(logprobs):
         row = want[len(r.prompt_ids) - 1 + i]
         assert chosen == pytest.approx(row[r.output_ids[i]].item(), abs=1e-4)
         assert top_ids == row.topk(3).indices.tolist() and top_ids[0] == r.output_ids[i]  # greedy: the likeliest
@@ -132,7 +134,7 @@ def test_a_sampled_run_is_reproducible_from_its_seed(shipped_model):
 def test_extreme_temperatures_draw_a_token_never_a_nan(temperature):
     """A temperature near 0 is nearly greedy, a huge one nearly uniform: neither may crash the engine's step."""
     from minillm.config import Sampling
-    from minillm.engine.sampler import draw
+    from minillm.layers.sampling import draw
 
     logits = torch.tensor([3.0, 1.0, 3.0, -2.0, float("-inf")])
     for position in range(20):

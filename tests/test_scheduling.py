@@ -14,11 +14,11 @@ from hypothesis import strategies as st
 
 from minillm.config import EngineConfig, ModelConfig
 from minillm.engine.blocks import BlockAllocator
-from minillm.engine.engine import Engine
 from minillm.engine.generate import generate
 from minillm.engine.kv_cache import ContiguousKVCache, PagedKVCache
 from minillm.engine.request import Request
 from minillm.engine.scheduler import ContinuousScheduler, StaticScheduler
+from minillm.layers import LayeredEngine
 from minillm.model.transformer import Transformer
 from minillm.runs.metrics import summarize
 from tests.conftest import random_model as conftest_random_model
@@ -26,7 +26,7 @@ from tests.lessons.harness import crowd
 
 
 def serve(model, scheduler, requests, **cfg):
-    engine = Engine(model, scheduler, EngineConfig(max_len=256, debug=True, **cfg))  # the KV books checked every step
+    engine = LayeredEngine(model, scheduler, EngineConfig(max_len=256, debug=True, **cfg))  # the KV books checked every step
     for r in requests:
         engine.submit(r)
     return engine, engine.run()
@@ -220,7 +220,7 @@ def test_evicted_prefix_blocks_are_recomputed_correctly():
 @pytest.mark.parametrize("kv", ["contiguous", "paged"])
 def test_abort_frees_the_seat_and_blocks_at_once(kv):
     model, requests = random_model("gqa"), crowd(6)
-    engine = Engine(model, ContinuousScheduler(), EngineConfig(kv=kv, max_len=256, slots=2, block_size=4))
+    engine = LayeredEngine(model, ContinuousScheduler(), EngineConfig(kv=kv, max_len=256, slots=2, block_size=4))
     for r in requests:
         engine.submit(r)
     for _ in range(3):

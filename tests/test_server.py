@@ -17,10 +17,10 @@ import httpx
 import pytest
 
 from minillm.config import EngineConfig
-from minillm.engine.engine import Engine
 from minillm.engine.generate import generate
 from minillm.engine.request import Request
 from minillm.engine.scheduler import ContinuousScheduler
+from minillm.layers import LayeredEngine
 from minillm.model.tokenizer import BOS, decode, encode, encode_prompt
 from minillm.runs import trace_file
 from minillm.runs.metrics import summarize
@@ -350,7 +350,7 @@ def soak_jobs(n: int, seed: int = 0) -> list[Job]:
 def offline_replies(model, prompts: set[tuple[str, str | None]], max_tokens: int) -> dict:
     """Each (prompt, system prompt)'s greedy reply from an offline engine on another path than the server's:
     contiguous KV, no prefix caching, no token budget (tests/test_engine.py holds that path to the plain loop)."""
-    engine = Engine(model, ContinuousScheduler(token_budget=0), EngineConfig(slots=16, kv="contiguous"))
+    engine = LayeredEngine(model, ContinuousScheduler(token_budget=0), EngineConfig(slots=16, kv="contiguous"))
     requests = {key: Request(str(i), encode_prompt(*key), max_tokens) for i, key in enumerate(sorted(prompts, key=str))}
     for r in requests.values():
         engine.submit(r)

@@ -15,12 +15,13 @@ import torch
 
 from minillm.config import EngineConfig, Sampling
 from minillm.engine.blocks import BlockAllocator
-from minillm.engine.engine import Engine
 from minillm.engine.generate import generate
 from minillm.engine.request import Request
 from minillm.engine.scheduler import ContinuousScheduler, StaticScheduler
-from minillm.engine.speculate import ModelDrafter, accept, lookup, speculates
 from minillm.errors import ConfigError
+from minillm.layers import LayeredEngine
+from minillm.layers.drafters import ModelDrafter, lookup
+from minillm.layers.speculate import accept, speculates
 from minillm.runs import trace_file
 from minillm.runs.metrics import summarize
 from tests.conftest import random_model
@@ -47,16 +48,16 @@ def expected(prompt: tuple[int, ...], max_new_tokens: int, ignore_eos: bool) -> 
     return generate(target(), list(prompt), max_new_tokens, use_cache=False, ignore_eos=ignore_eos).tokens
 
 
-def serve(requests, scheduler=None, draft=None, **cfg) -> Engine:
+def serve(requests, scheduler=None, draft=None, **cfg) -> LayeredEngine:
     cfg = {"max_len": 256, "debug": True, "slots": 3} | cfg
-    engine = Engine(target(), scheduler or ContinuousScheduler(), EngineConfig(**cfg), draft=draft)
+    engine = LayeredEngine(target(), scheduler or ContinuousScheduler(), EngineConfig(**cfg), draft=draft)
     for r in requests:
         engine.submit(r)
     engine.run(max_steps=3000)
     return engine
 
 
-def assert_exact_and_nothing_leaked(engine: Engine, requests: list[Request]) -> None:
+def assert_exact_and_nothing_leaked(engine: LayeredEngine, requests: list[Request]) -> None:
     for r in requests:
         assert r.output_ids == expected(tuple(r.prompt_ids), r.max_new_tokens, r.ignore_eos), r.id
     if engine.cfg.kv == "paged":
@@ -114,8 +115,9 @@ def test_sampled_requests_speculate_beside_greedy_ones_and_their_seeds_reproduce
         if a.id != "s0":
             assert a.output_ids == b.output_ids, a.id
     assert again[2].output_ids == guessed[2].output_ids and len(guessed[2].output_ids) == 16
-    assert len(guessed[3].output_logprobs) == len(guessed[3].output_ids)
-    assert guessed[0].drafts_verified and guessed[2].drafts_verified and not guessed[3].drafts_verified
+    assert len(engine.sampler.logprobs[guessed[3].id]) == len(guessed[3].output_ids)
+    verified = {r.id: engine.trace().request(r.id).drafts_verified for r in guessed}
+    assert verified["g0"] and verified["s0"] and not verified["p0"]
     assert_exact_and_nothing_leaked(engine, guessed[:2])
 
 
@@ -150,7 +152,7 @@ def test_truncate_never_cuts_into_a_keyed_block():
 def test_rejected_guesses_across_a_block_boundary_leave_no_block_behind(kv):
     """Block size 4, a stranger's guesses (all wrong): every verify row reaches into the next block and is cut."""
     requests = [Request(f"r{i}", [257, 10 + i, 20, 30], 24, ignore_eos=True) for i in range(3)]
-    engine = Engine(target(), ContinuousScheduler(), EngineConfig(slots=3, kv=kv, block_size=4, max_len=256,
+    engine = LayeredEngine(target(), ContinuousScheduler(), EngineConfig(slots=3, kv=kv, block_size=4, max_len=256,
                     debug=True, speculate=6), draft=random_model("mqa", seed=1))  # fmt: skip
     for r in requests:
         engine.submit(r)
@@ -173,9 +175,9 @@ def test_the_draft_models_cache_goes_with_the_request():
     """A draft cache row belongs to one admission: a newcomer in the seat, or a preempted request back, starts over;
     after each step it holds no more than the reply's tokens but the last."""
     requests = crowd(8)
-    engine = Engine(target(), ContinuousScheduler(token_budget=8), EngineConfig(slots=2, max_len=256, debug=True,
+    engine = LayeredEngine(target(), ContinuousScheduler(token_budget=8), EngineConfig(slots=2, max_len=256, debug=True,
                     speculate=3, num_blocks=13, block_size=4), draft=noisy())  # fmt: skip
-    drafter = engine.speculator.drafter
+    drafter = engine.speculation.drafter
     assert isinstance(drafter, ModelDrafter)
     for r in requests:
         engine.submit(r)
@@ -218,11 +220,12 @@ def test_a_perfect_draft_makes_k_plus_one_tokens_a_step_and_prompt_lookup_runs_w
     engine = serve(requests, draft=target(), speculate=4, slots=1)
     assert_exact_and_nothing_leaked(engine, requests)
     made = [entry[4] for s in engine.trace().steps for entry in s.seats if entry[2] == "decode"]
-    assert max(made) == 5 and requests[0].drafts_accepted == requests[0].drafts_verified  # (no ties here)
+    record = engine.trace().request("a")
+    assert max(made) == 5 and record.drafts_accepted == record.drafts_verified  # (no ties here)
     requests = [Request("b", [257, 1, 2, 1, 2, 1, 2], 20, ignore_eos=True)]
     engine = serve(requests, speculate=3, drafter="ngram", slots=1)
     assert_exact_and_nothing_leaked(engine, requests)
-    assert engine.speculator.drafter.name == "ngram"
+    assert engine.speculation.drafter.name == "ngram"
 
 
 def test_speculation_on_a_simulated_card_is_refused_with_the_reason():
@@ -232,7 +235,7 @@ def test_speculation_on_a_simulated_card_is_refused_with_the_reason():
 
     runner = SimulatedRunner(load_spec("llama-3.1-8b"), get_device("rtx-4090"))
     with pytest.raises(ConfigError, match="simulated card"):
-        Engine(runner, ContinuousScheduler(), EngineConfig(speculate=2))
+        LayeredEngine(runner, ContinuousScheduler(), EngineConfig(speculate=2))
     with pytest.raises(ConfigError, match="speculate"):
         EngineConfig(speculate=-1)
     with pytest.raises(ConfigError, match="drafter"):
@@ -258,7 +261,7 @@ def test_the_trace_records_each_rows_guesses_and_reads_back(tmp_path):
     assert data["version"] == 3
     again = trace_file.load(path)
     assert [s.drafts for s in again.steps] == [s.drafts for s in trace.steps]
-    assert summarize(again)["drafts_accepted"] == sum(r.drafts_accepted for r in requests)
+    assert summarize(again)["drafts_accepted"] == sum(trace.request(r.id).drafts_accepted for r in requests)
     old = data | {"version": 2, "steps": [{k: v for k, v in s.items() if k not in ("drafts", "accepted")}
                                          for s in data["steps"]]}  # fmt: skip
     assert trace_file.from_dict(old).steps[0].drafts == {}

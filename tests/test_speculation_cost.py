@@ -89,7 +89,8 @@ def test_this_machines_prices_follow_the_op_by_op_predictor(shipped_model):
     per call): a verify step costs far less than k + 1 decode steps, and a draft step less than a decode step."""
     from minillm.card.calibrate import load_or_calibrate
     from minillm.card.speculation import ThisMachine
-    from minillm.model.checkpoint import DRAFT_CHECKPOINT, load_model
+    from minillm.layers.drafters import DRAFT_CHECKPOINT
+    from minillm.model.checkpoint import load_model
 
     here = ThisMachine(shipped_model, load_model(DRAFT_CHECKPOINT, "cpu"), load_or_calibrate("cpu", progress=False))
     one = here.cost(1, 4, 0.9, 180)

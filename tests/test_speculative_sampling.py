@@ -1,6 +1,6 @@
 """Speculation with sampling is exact in distribution, and every sampled request draws from streams of its own.
 
-The rejection rule (sampler.keep_or_resample: keep a guess drawn from q with probability min(1, p / q), else draw
+The rejection rule (sampling.keep_or_resample: keep a guess drawn from q with probability min(1, p / q), else draw
 from max(0, p - q) normalised) must give tokens distributed as p itself. Checked by a chi-square test at
 significance 0.001, first on toy distributions where p is known exactly (with rules that look right and are not:
 the same test must reject them), then end to end: the engine's first sampled tokens with speculation against the
@@ -15,10 +15,10 @@ import pytest
 import torch
 
 from minillm.config import EngineConfig, Sampling
-from minillm.engine.engine import Engine
 from minillm.engine.request import Request
-from minillm.engine.sampler import generator, keep_or_resample, probabilities
 from minillm.engine.scheduler import ContinuousScheduler
+from minillm.layers import LayeredEngine
+from minillm.layers.sampling import generator, keep_or_resample, probabilities
 from tests.conftest import random_model
 from tests.test_speculate import target
 
@@ -115,14 +115,15 @@ def engine_replies(n: int, speculate: int, seeds) -> tuple[list[tuple[int, ...]]
     """The 3-token replies of n seeded requests (the first token picked after the prompt, the next two after guesses
     when speculating), and the share of guesses the model kept."""
     cfg = EngineConfig(slots=64, max_len=256, speculate=speculate, debug=True)
-    engine = Engine(target(), ContinuousScheduler(), cfg, draft=half_right())
+    engine = LayeredEngine(target(), ContinuousScheduler(), cfg, draft=half_right())
     requests = [Request(f"r{i}", PROMPT, 3, ignore_eos=True, sampling=Sampling(**WARM, seed=seed))
                 for i, seed in zip(range(n), seeds)]  # fmt: skip
     for r in requests:
         engine.submit(r)
-    engine.run()
-    verified = sum(r.drafts_verified for r in requests)
-    return [tuple(r.output_ids) for r in requests], sum(r.drafts_accepted for r in requests) / max(verified, 1)
+    trace = engine.run()
+    verified = sum(trace.request(r.id).drafts_verified for r in requests)
+    accepted = sum(trace.request(r.id).drafts_accepted for r in requests)
+    return [tuple(r.output_ids) for r in requests], accepted / max(verified, 1)
 
 
 def test_the_engines_speculated_samples_follow_the_models_own_distribution(capsys):
@@ -160,7 +161,7 @@ def test_seeded_speculated_replies_are_reproducible_and_differ_by_seed():
 
 # --- batch invariance: a request's draws are its own ----------------------------------------------------------------
 def run(requests, slots: int, **cfg) -> dict[str, list[int]]:
-    engine = Engine(target(), ContinuousScheduler(), EngineConfig(slots=slots, max_len=256, **cfg))
+    engine = LayeredEngine(target(), ContinuousScheduler(), EngineConfig(slots=slots, max_len=256, **cfg))
     for r in requests:
         engine.submit(r)
     engine.run()
@@ -194,7 +195,7 @@ def test_a_requests_draws_are_its_own_whoever_shares_the_batch(speculate):
 
 def test_preemption_happens_in_the_squeezed_run():
     """(The run above is only a test of preemption if memory does run short.)"""
-    engine = Engine(target(), ContinuousScheduler(), EngineConfig(slots=8, max_len=256, kv="paged", block_size=4,
+    engine = LayeredEngine(target(), ContinuousScheduler(), EngineConfig(slots=8, max_len=256, kv="paged", block_size=4,
                                                                   num_blocks=24))  # fmt: skip
     for i in range(8):
         engine.submit(Request(f"n{i}", [257, 20 + i] * (1 + i), 10 + 3 * i, ignore_eos=True))

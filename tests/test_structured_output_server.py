@@ -18,10 +18,11 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from minillm.engine.generate import generate
+from minillm.config import Sampling
 from minillm.engine.request import Request
 from minillm.grammar import MAX_PATTERN, compile_json_object, compile_regex, compile_schema
 from minillm.grammar.automaton import DEAD, MAX_STATES
+from minillm.layers import generate
 from minillm.model.tokenizer import BOS, encode, encode_prompt
 from minillm.serving.automata import Automata
 from minillm.serving.openai_protocol import ApiError
@@ -290,15 +291,15 @@ def test_automata_cross_the_pipe_once_and_both_sides_agree_on_the_slots():
     rng, previous = random.Random(1), {}
     for i in range(60):
         pattern = rng.choice(patterns)
-        packed = sender.pack(Request(f"r{i}", [1, 2], 4, constraint=compile_regex(pattern)))
+        packed = sender.pack(Request(f"r{i}", [1, 2], 4, sampling=Sampling(constraint=compile_regex(pattern))))
         crossed = pickle.loads(pickle.dumps(packed))  # (what the pipe does)
-        slot, _, *tables = crossed.constraint
+        slot, _, *tables = crossed.sampling.constraint
         assert bool(tables) == (held.get(slot) != pattern)  # tables only when the child lacks the pattern
         held[slot] = pattern
-        got = child.unpack(crossed).constraint
+        got = child.unpack(crossed).sampling.constraint
         assert got.pattern == pattern and (got.moves == compile_regex(pattern).moves).all()
         if not tables:
             assert got is previous[pattern]
         previous[pattern] = got
     assert len(child.kept) == 3
-    assert sender.pack(Request("free", [1], 4)).constraint is None
+    assert sender.pack(Request("free", [1], 4)).sampling.constraint is None

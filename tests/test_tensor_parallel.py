@@ -16,12 +16,11 @@ import pytest
 import torch
 
 from minillm.config import EngineConfig, Sampling
-from minillm.engine.engine import Engine
-from minillm.engine.generate import generate
 from minillm.engine.request import Request
 from minillm.engine.scheduler import ContinuousScheduler, StaticScheduler
 from minillm.errors import ConfigError
 from minillm.grammar import compile_regex
+from minillm.layers import LayeredEngine, generate
 from minillm.model.tokenizer import EOS
 from minillm.parallel.shard import check_tp, shard_view
 from tests.conftest import SMALL_CONFIGS, random_model
@@ -46,7 +45,7 @@ def reference(r: Request) -> list[int]:
     s = r.sampling
     return generate(random_model("gqa"), r.prompt_ids, r.max_new_tokens, temperature=s.temperature, top_k=s.top_k,
                     top_p=s.top_p, seed=s.seed, use_cache=False, ignore_eos=r.ignore_eos,
-                    constraint=r.constraint).tokens  # fmt: skip
+                    constraint=s.constraint).tokens  # fmt: skip
 
 
 @torch.no_grad()
@@ -69,9 +68,9 @@ def assert_same_or_near_tie(requests: list[Request]) -> None:
             assert gap < TIE, f"{r.id} differs at token {at} and the margin there is {gap:.3g}: a wrong shard"
 
 
-def serve(runner, requests, scheduler=None, draft=None, **cfg) -> Engine:
-    engine = Engine(runner, scheduler or ContinuousScheduler(), EngineConfig(**({"max_len": 256, "debug": True} | cfg)),
-                    draft=draft)  # fmt: skip
+def serve(runner, requests, scheduler=None, draft=None, **cfg) -> LayeredEngine:
+    cfg = EngineConfig(**({"max_len": 256, "debug": True} | cfg))
+    engine = LayeredEngine(runner, scheduler or ContinuousScheduler(), cfg, draft=draft)
     for r in requests:
         engine.submit(r)
     engine.run(max_steps=3000)
@@ -104,7 +103,7 @@ def test_every_feature_gives_one_devices_replies(runner, feature):
     if feature == "preemption":
         assert sum(r.preemptions for r in requests), "the pool must run short for this case"
     if feature == "speculation":
-        assert sum(r.drafts_verified for r in requests)
+        assert sum(r.drafts_verified for r in engine.trace().requests)
     if feature == "prefix caching":
         assert engine.trace().config["prefix_cache_events"]["hit_blocks"] > 0
 
@@ -112,9 +111,12 @@ def test_every_feature_gives_one_devices_replies(runner, feature):
 def test_sampling_constraints_and_aborts_at_tp_2(runner):
     sampled = [Request(f"s{i}", [257, 5 + i, 6], 12, ignore_eos=True, sampling=Sampling(temperature=1.0, seed=i))
                for i in range(3)]  # fmt: skip
-    held = [Request(f"c{i}", [257, 70 + i], 30, constraint=compile_regex(r"[0-9]{2,4}")) for i in range(2)]
+    held = [
+        Request(f"c{i}", [257, 70 + i], 30, sampling=Sampling(constraint=compile_regex(r"[0-9]{2,4}")))
+        for i in range(2)
+    ]
     doomed = Request("doomed", [257, 1, 2, 3], 40, ignore_eos=True)
-    engine = Engine(runner, ContinuousScheduler(), EngineConfig(max_len=256, slots=4, debug=True))
+    engine = LayeredEngine(runner, ContinuousScheduler(), EngineConfig(max_len=256, slots=4, debug=True))
     for r in sampled + held + [doomed]:
         engine.submit(r)
     for _ in range(4):
@@ -137,7 +139,7 @@ def test_the_fuzz_tests_random_workloads_at_tp_2(runner):
 
 
 def test_each_ranks_cache_holds_its_own_heads(runner):
-    engine = Engine(runner, ContinuousScheduler(), EngineConfig(max_len=256))
+    engine = LayeredEngine(runner, ContinuousScheduler(), EngineConfig(max_len=256))
     one_device = SMALL_CONFIGS["gqa"]
     assert engine.cache.k.shape[-2] == one_device.n_kv_heads // 2 and engine.cache.k.shape[-1] == one_device.head_dim
     assert shard_view(one_device, 2).head_dim == one_device.head_dim

@@ -18,9 +18,9 @@ from pathlib import Path
 import pytest
 
 from minillm.config import EngineConfig
-from minillm.engine.engine import Engine
 from minillm.engine.generate import generate
 from minillm.engine.scheduler import ContinuousScheduler
+from minillm.layers import LayeredEngine
 from minillm.parallel.runner import ShardedRunner, WorkerDied
 from tests.conftest import random_model
 from tests.lessons.harness import crowd
@@ -64,7 +64,7 @@ pytestmark = pytest.mark.skipif(not Path("/proc/self/stat").exists(), reason="re
 def test_a_worker_that_dies_stops_the_engine_within_seconds_and_close_leaves_no_process():
     runner = ShardedRunner(random_model("gqa"), 2)
     try:
-        engine = Engine(runner, ContinuousScheduler(), EngineConfig(max_len=256, slots=3))
+        engine = LayeredEngine(runner, ContinuousScheduler(), EngineConfig(max_len=256, slots=3))
         for r in crowd(6):
             engine.submit(r)
         for _ in range(3):
@@ -97,7 +97,7 @@ def test_tp_4_where_the_heads_allow_it_gives_one_devices_replies():
     model = random_model("mha")  # 4 query heads, 4 key/value heads: 4 ranks of one head each
     runner = ShardedRunner(model, 4)
     try:
-        engine = Engine(runner, ContinuousScheduler(), EngineConfig(max_len=256, slots=3, block_size=4))
+        engine = LayeredEngine(runner, ContinuousScheduler(), EngineConfig(max_len=256, slots=3, block_size=4))
         requests = crowd(5)
         for r in requests:
             engine.submit(r)

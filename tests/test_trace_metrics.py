@@ -8,9 +8,9 @@ import pytest
 import torch
 
 from minillm.config import EngineConfig
-from minillm.engine.engine import Engine
 from minillm.engine.request import Request
 from minillm.engine.scheduler import ContinuousScheduler, StaticScheduler
+from minillm.layers import LayeredEngine
 from minillm.model.transformer import Transformer
 from minillm.runs import trace_file
 from minillm.runs.metrics import one_user_left, per_request, summarize, utilization_now
@@ -27,7 +27,7 @@ def story_traces():
     model = Transformer(replace(SMALL_CONFIGS["gqa"], max_seq_len=1024)).eval()
     traces = {}
     for policy in (StaticScheduler, ContinuousScheduler):
-        engine = Engine(model, policy(), EngineConfig(slots=SEED_STORY_SLOTS, block_size=16))
+        engine = LayeredEngine(model, policy(), EngineConfig(slots=SEED_STORY_SLOTS, block_size=16))
         for r in seed_story():
             engine.submit(r)
         traces[policy.name] = engine.run()
@@ -138,7 +138,7 @@ def test_chat_workload_is_seeded_and_has_a_long_tail():
 
 def test_utilization_counts_held_seats_as_idle():
     model = random_model("gqa")
-    engine = Engine(model, StaticScheduler(), EngineConfig(slots=2, max_len=256))
+    engine = LayeredEngine(model, StaticScheduler(), EngineConfig(slots=2, max_len=256))
     engine.submit(Request("short", [257, 1], 2, ignore_eos=True))
     engine.submit(Request("long", [257, 2], 6, ignore_eos=True))
     trace = engine.run()
@@ -164,7 +164,7 @@ def test_version_1_files_still_load():
 def test_older_files_cached_prompt_tokens_read_as_prompt_tokens_from_cache():
     """Before prompt_tokens_from_cache, traces had cached_prompt_tokens: summed over a request's admissions, so it
     could pass the prompt after a preemption. It loads capped at the prompt, and the hit rate stays at most 1."""
-    engine = Engine(random_model("gqa"), ContinuousScheduler(), EngineConfig(slots=1, max_len=256, block_size=4,
+    engine = LayeredEngine(random_model("gqa"), ContinuousScheduler(), EngineConfig(slots=1, max_len=256, block_size=4,
                                                                              prefix_caching=True))  # fmt: skip
     for i in range(3):
         engine.submit(Request(f"r{i}", [257] + list(range(20)) + [i], 2, ignore_eos=True))

@@ -12,9 +12,9 @@ from minillm.card.hardware import get_device
 from minillm.card.modelspec import load_spec
 from minillm.card.simulate import SimulatedRunner
 from minillm.config import EngineConfig
-from minillm.engine.engine import Engine
 from minillm.engine.request import Request
 from minillm.engine.scheduler import ContinuousScheduler, StaticScheduler
+from minillm.layers import LayeredEngine
 from minillm.model.tokenizer import BOS, SEP, decode
 from minillm.runs.metrics import summarize, utilization_now
 from minillm.runs.run import run_workload
@@ -100,7 +100,7 @@ def sharers(n=5):
 
 
 def serve(policy, kv="paged", requests=None, **cfg):
-    engine = Engine(random_model("gqa"), policy, EngineConfig(slots=3, kv=kv, block_size=4, max_len=64, **cfg))
+    engine = LayeredEngine(random_model("gqa"), policy, EngineConfig(slots=3, kv=kv, block_size=4, max_len=64, **cfg))
     for request in requests or crowd():
         engine.submit(request)
     return engine.run()
@@ -511,7 +511,7 @@ def test_a_speculative_step_draws_kept_and_rejected_guesses():
     with torch.no_grad():
         for p in noisy.parameters():
             p.add_(torch.randn(p.shape, generator=torch.Generator().manual_seed(p.numel())) * 0.5 * p.std())
-    engine = Engine(model, ContinuousScheduler(), EngineConfig(slots=2, max_len=256, speculate=3), draft=noisy)
+    engine = LayeredEngine(model, ContinuousScheduler(), EngineConfig(slots=2, max_len=256, speculate=3), draft=noisy)
     for i in range(2):
         engine.submit(Request(f"s{i}", [BOS, 40 + i, 41, SEP], 20, ignore_eos=True))
     trace = engine.run()

@@ -2,6 +2,8 @@
 figures, the queue, the guesses and the masks' counts, on the runs the app shows; and once the table is built, a
 frame of the step player reads no record of the trace."""
 
+from dataclasses import replace
+
 import numpy as np
 import pytest
 
@@ -25,7 +27,7 @@ def runs(shipped_model):
     with one_torch_thread():  # (the tiny model's ops are too small to split)
         held = workload_engine(shipped_model, "seed-story", "continuous")
         for r in held.requests[1::2]:  # every other user held to numbers (lesson 14's pattern)
-            r.constraint = compile_regex(r"[0-9]+( [0-9]+)*")
+            r.sampling = replace(r.sampling, constraint=compile_regex(r"[0-9]+( [0-9]+)*"))
         card = SimulatedRunner(load_spec("llama-3.1-8b"), get_device("rtx-4090"))
         tiny = lambda workload, **settings: run_workload(shipped_model, workload, **settings)
         return {

@@ -12,7 +12,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from minillm.engine.trace import StepRecord, Trace
+from minillm.layers.trace import StepRecord, Trace
 from viz.table import TraceTable, table_of
 
 

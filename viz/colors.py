@@ -5,7 +5,7 @@ from __future__ import annotations
 import numpy as np
 from matplotlib.colors import to_rgb
 
-from minillm.engine.trace import Trace
+from minillm.layers.trace import Trace
 
 # Codes used by the occupancy grid (0 empty, 1 prefill, 2 decode, 3 held, 5 stalled) plus 4 for steps not yet played.
 EMPTY, PREFILL, DECODE, HELD, FUTURE, STALLED = 0, 1, 2, 3, 4, 5

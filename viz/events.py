@@ -5,7 +5,7 @@ The occupancy chart shows it as colour changes a room can miss; the step player 
 step's own admitted / finished / preempted lists, and its seats beside the previous step's (a seat is freed when
 the request that sat in it is gone; static batching's finished users stay seated, held, until the batch is done).
 On a prefill engine a request that made its first token is handed over, not finished: its prompt's KV goes to the
-decode engine (engine/handover.py), and the line says how much.
+decode engine (layers/handover.py), and the line says how much.
 """
 
 from __future__ import annotations
@@ -14,7 +14,7 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
-from minillm.engine.trace import Trace
+from minillm.layers.trace import Trace
 from viz.colors import HELD
 from viz.table import TraceTable, table_of
 

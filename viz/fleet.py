@@ -21,7 +21,7 @@ from __future__ import annotations
 import numpy as np
 from PIL import Image, ImageDraw
 
-from minillm.engine.trace import Trace
+from minillm.layers.trace import Trace
 from viz.colors import rgb255
 from viz.events import in_words
 from viz.live_window import live_colors

@@ -22,8 +22,8 @@ from PIL import Image, ImageDraw
 
 from minillm.card.modelspec import load_spec
 from minillm.card.roofline import kv_bytes_per_token
-from minillm.engine.trace import Trace
 from minillm.errors import MinillmError
+from minillm.layers.trace import Trace
 from viz.colors import CACHED_FREE_BLOCK, FREE_BLOCK, rgb255
 from viz.raster import font
 from viz.table import TraceTable, table_of

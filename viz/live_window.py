@@ -22,7 +22,7 @@ from dataclasses import replace
 
 import numpy as np
 
-from minillm.engine.trace import RequestRecord, StepRecord, Trace
+from minillm.layers.trace import RequestRecord, StepRecord, Trace
 from minillm.model.tokenizer import decode
 from minillm.runs.metrics import percentiles
 from minillm.serving.trace_window import window

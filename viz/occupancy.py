@@ -12,7 +12,7 @@ import numpy as np
 from matplotlib.figure import Figure
 from matplotlib.patches import Patch
 
-from minillm.engine.trace import Trace
+from minillm.layers.trace import Trace
 from viz.colors import DECODE, EMPTY, FUTURE, HELD, PREFILL, STALLED, STATE_COLORS, STATE_NAMES, STATE_RGB
 from viz.table import TraceTable, table_of
 

@@ -16,7 +16,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from minillm.engine.trace import Trace
+from minillm.layers.trace import Trace
 from minillm.model.tokenizer import VOCAB_SIZE, decode
 from viz.budget import TokenSplit, bar_scale
 from viz.colors import STALLED

@@ -19,7 +19,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from minillm.engine.trace import Trace
+from minillm.layers.trace import Trace
 from viz.colors import STALLED
 from viz.table import NEVER, TraceTable, table_of
 

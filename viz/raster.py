@@ -14,7 +14,7 @@ import matplotlib
 import numpy as np
 from PIL import Image, ImageDraw, ImageFont
 
-from minillm.engine.trace import Trace
+from minillm.layers.trace import Trace
 from viz.colors import EMPTY, FUTURE, STATE_RGB
 from viz.occupancy import SEAT_ROWS, seat_runs, stacked
 from viz.table import TraceTable, table_of

@@ -12,7 +12,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from minillm.engine.trace import Trace
+from minillm.layers.trace import Trace
 from minillm.model.tokenizer import decode
 from viz.table import TraceTable, table_of
 

@@ -14,7 +14,7 @@ from operator import itemgetter
 
 import numpy as np
 
-from minillm.engine.trace import Trace
+from minillm.layers.trace import Trace
 from viz.colors import DECODE, PREFILL, STATE_CODES
 
 

@@ -20,7 +20,7 @@ from operator import attrgetter
 
 import numpy as np
 
-from minillm.engine.trace import RequestRecord, Trace
+from minillm.layers.trace import RequestRecord, Trace
 from minillm.runs.metrics import per_request, summarize
 from viz.colors import DECODE, HELD, PREFILL, request_colors
 from viz.seats import SeatTable, seat_grids, seat_table_of

@@ -5,7 +5,7 @@ from __future__ import annotations
 import numpy as np
 from matplotlib.figure import Figure
 
-from minillm.engine.trace import Trace
+from minillm.layers.trace import Trace
 from viz.table import TraceTable, table_of
 
 

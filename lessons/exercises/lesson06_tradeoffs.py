@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from minillm.engine.request import Request
 from minillm.engine.scheduler import KVSpace, Plan  # only these two: the policy is yours to write
-from minillm.engine.trace import Trace
+from minillm.layers.trace import Trace
 
 
 def ttft_tpot(trace: Trace) -> dict[str, dict[str, float | None]]:
@@ -15,7 +15,7 @@ def ttft_tpot(trace: Trace) -> dict[str, dict[str, float | None]]:
     TPOT (time per output token): the average number of steps between two consecutive tokens after the
     first. An EOS counts as a token (producing it took a step). None when there is only one token.
     Skip requests that did not finish (finish_reason not "eos" or "length").
-    Everything you need is in trace.requests (see minillm/engine/trace.py: RequestRecord).
+    Everything you need is in trace.requests (see minillm/layers/trace.py: RequestRecord).
     """
     raise NotImplementedError("lesson 06: compute TTFT and TPOT per request from the trace")
 

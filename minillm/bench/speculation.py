@@ -21,10 +21,11 @@ import random
 import statistics
 
 from minillm.config import EngineConfig
-from minillm.engine.engine import Engine
 from minillm.engine.request import Request
 from minillm.engine.scheduler import ContinuousScheduler
-from minillm.model.checkpoint import DRAFT_CHECKPOINT, checkpoint_info, load_model
+from minillm.layers import LayeredEngine
+from minillm.layers.drafters import DRAFT_CHECKPOINT, DRAFT_RETRAIN_HINT
+from minillm.model.checkpoint import checkpoint_info, load_model
 from minillm.model.tokenizer import encode_prompt
 from minillm.model.transformer import Transformer
 from minillm.runs.metrics import busy_seats, draft_figures
@@ -49,10 +50,10 @@ def users(task: str, batch: int, seed: int) -> list[Request]:
     return [Request(f"u{i}", encode_prompt(p), 600, prompt=p) for i, p in enumerate(prompts)]
 
 
-def engine_for(model: Transformer, slots: int, k: int, drafter="model", draft=None) -> Engine:
+def engine_for(model: Transformer, slots: int, k: int, drafter="model", draft=None) -> LayeredEngine:
     """Continuous batching with no token budget: a verify row of k + 1 tokens is never cut."""
     cfg = EngineConfig(slots=slots, speculate=k, drafter=drafter, record_blocks=False)
-    return Engine(model, ContinuousScheduler(token_budget=0), cfg, draft=draft)
+    return LayeredEngine(model, ContinuousScheduler(token_budget=0), cfg, draft=draft)
 
 
 def full_batch_rate(model, draft, task: str, batch: int, k: int, seed: int, steps: int | None = None):
@@ -149,7 +150,7 @@ def predictions(model, draft, measured: dict[str, list[dict]], batches, cal: dic
 
 
 def bench_speculation(model: Transformer, s) -> dict:
-    draft = load_model(DRAFT_CHECKPOINT, next(model.parameters()).device)
+    draft = load_model(DRAFT_CHECKPOINT, next(model.parameters()).device, hint=DRAFT_RETRAIN_HINT)
     info = checkpoint_info(DRAFT_CHECKPOINT)
     batches = [1, 4, 16, 64] if s.quick else [1, 2, 4, 8, 16, 32, 64, 128]
     measured = {task: measure_batches(model, draft, task, batches, rounds=1 if s.quick else 3) for task in CROWDS}

@@ -4,8 +4,8 @@ users sample.
 mask_cost    B users counting down (all decoding), every one constrained by a pattern their replies already follow
              (REPLY), beside the same B unconstrained, in paired rounds: the extra step time (medians), per
              constrained row; and the constraint's own work per step timed directly (the masks gathered, their
-             allowed counts, the -inf fill: constrain.py, sampler.allowed_logits). Same replies, token for token, so
-             the two runs differ only by the masks.
+             allowed counts, the -inf fill: layers/constrain.py, layers/sampling.py's allowed_logits). Same replies,
+             token for token, so the two runs differ only by the masks.
 crowd        the chat workload (everyone at once, replies to EOS) with every other request constrained (REPLY again),
              beside none.
 valid_json   prompts asking for JSON, greedy: the shipped model's replies with no constraint, with json_object and
@@ -22,17 +22,18 @@ import json
 import random
 import statistics
 import time
-from dataclasses import asdict, dataclass
+from dataclasses import asdict, dataclass, replace
 
 from minillm.bench.speculation import CROWDS, users
 from minillm.config import EngineConfig, Sampling
-from minillm.engine import runner, sampler
-from minillm.engine.engine import Engine
 from minillm.engine.request import Request
 from minillm.engine.scheduler import ContinuousScheduler
 from minillm.grammar import compile_json_object, compile_regex, compile_schema
 from minillm.grammar.automaton import DEAD
-from minillm.model.checkpoint import DRAFT_CHECKPOINT, load_model
+from minillm.layers import LayeredEngine, sampling
+from minillm.layers.constrain import Constraints
+from minillm.layers.drafters import DRAFT_CHECKPOINT, DRAFT_RETRAIN_HINT
+from minillm.model.checkpoint import load_model
 from minillm.model.tokenizer import decode, encode_prompt
 from minillm.model.transformer import Transformer
 from minillm.runs.metrics import busy_seats, draft_figures, summarize
@@ -60,25 +61,26 @@ FULL, QUICK = Sizes(), Sizes(rounds=2, steps=30, spec_steps=100)
 TINY = Sizes(batches=(1, 4), steps=4, rounds=1, crowd=4, crowd_slots=2, asks=4, spec_steps=6)  # (the test's)
 
 
-def engine_for(model, slots: int, speculate: int = 0, draft=None) -> Engine:
+def engine_for(model, slots: int, speculate: int = 0, draft=None) -> LayeredEngine:
     """Continuous batching with no token budget (whole prompts at once), lean records."""
     cfg = EngineConfig(slots=slots, speculate=speculate, record_blocks=False)
-    return Engine(model, ContinuousScheduler(token_budget=0), cfg, draft=draft)
+    return LayeredEngine(model, ContinuousScheduler(token_budget=0), cfg, draft=draft)
 
 
 def countdowns(batch: int, seed: int, constrained: bool) -> list[Request]:
     """B users counting down from 100-152 (speculation.users): replies of 290-499 tokens."""
     requests = users("countdown", batch, seed)
     for r in requests if constrained else []:
-        r.constraint = compile_regex(REPLY)
+        r.sampling = replace(r.sampling, constraint=compile_regex(REPLY))
     return requests
 
 
 class MaskClock:
-    """Seconds spent in the constraint's own work (the runner's masks and counts, the sampler's -inf fill), by
-    wrapping those functions while a `with` lasts (the engine is not changed: the bench times what it calls)."""
+    """Seconds spent in the constraint's own work (the constraint layer's masks and counts, the sampler's -inf fill),
+    by wrapping those functions while a `with` lasts (the engine is not changed: the bench times what it calls).
+    (Constraints' methods are wrapped on the class: every engine's constraint layer is timed.)"""
 
-    NAMES = ((runner, "logit_masks"), (runner, "allowed_counts"), (sampler, "allowed_logits"))
+    NAMES = ((Constraints, "masks"), (Constraints, "allowed_counts"), (sampling, "allowed_logits"))
 
     def __enter__(self) -> MaskClock:
         self.seconds, self.saved = 0.0, [getattr(m, n) for m, n in self.NAMES]
@@ -148,7 +150,7 @@ def measure_crowd(model, z: Sizes) -> dict:
         for case in rates:
             requests = make_workload("chat", knobs, seed=round_)
             for r in requests[::2] if case == "half" else []:
-                r.constraint = compile_regex(REPLY)
+                r.sampling = replace(r.sampling, constraint=compile_regex(REPLY))
             engine = engine_for(model, z.crowd_slots)
             for r in requests:
                 engine.submit(r)
@@ -168,7 +170,8 @@ def measure_valid_json(model, z: Sizes) -> list[dict]:
     rows = []
     for name, dfa in (("none", None), ("json_object", compile_json_object()), ("json_schema", compile_schema(ANSWER))):
         engine = engine_for(model, z.asks)
-        requests = [Request(f"j{i}", encode_prompt(p), 200, prompt=p, constraint=dfa) for i, p in enumerate(prompts)]
+        asked = Sampling(constraint=dfa)
+        requests = [Request(f"j{i}", encode_prompt(p), 200, prompt=p, sampling=asked) for i, p in enumerate(prompts)]
         for r in requests:
             engine.submit(r)
         engine.run()
@@ -216,7 +219,7 @@ def one_user(model, draft, task: str, temperature: float, speculate: int, seed: 
 
 
 def measure_speculation(model, z: Sizes) -> list[dict]:
-    draft = load_model(DRAFT_CHECKPOINT, next(model.parameters()).device)
+    draft = load_model(DRAFT_CHECKPOINT, next(model.parameters()).device, hint=DRAFT_RETRAIN_HINT)
     rows = []
     for task in CROWDS:
         for temperature in TEMPERATURES:

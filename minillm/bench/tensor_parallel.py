@@ -21,9 +21,9 @@ import torch
 
 from minillm.card.hardware import LINKS
 from minillm.config import EngineConfig
-from minillm.engine.engine import Engine
 from minillm.engine.request import Request
 from minillm.engine.scheduler import ContinuousScheduler
+from minillm.layers import LayeredEngine
 from minillm.runs.run import run_workload
 from minillm.runs.workload import ChatKnobs
 
@@ -73,7 +73,7 @@ def step_medians(runner, batches: list[int], repeats: int) -> dict[int, float]:
     """Median seconds of a decode step with `batch` rows, each holding about CONTEXT tokens."""
     medians = {}
     for batch in batches:
-        engine = Engine(runner, ContinuousScheduler(token_budget=0), EngineConfig(slots=batch, record_blocks=False))
+        engine = LayeredEngine(runner, ContinuousScheduler(token_budget=0), EngineConfig(slots=batch, record_blocks=False))
         for i in range(batch):
             prompt = [257] + [(7 * i + j) % 256 for j in range(CONTEXT)]
             engine.submit(Request(f"u{i}", prompt, engine.max_len - len(prompt), ignore_eos=True))

@@ -5,11 +5,12 @@
                      serving/routing.py counts them). Cache aware needs prompts that share real prefixes; the azure
                      crowds are lengths only (their ids are placeholders, and any prefix two of them share is an
                      accident of how they are made), so the fleet runs without prefix caching and does not offer it.
-    prefill:decode   P engines prefill, D decode (engine/handover.py): an arrival goes to the prefill engine with the
-                     fewest prompt tokens to run, submitted with handoff=True; after its first token its KV crosses the
+    prefill:decode   P engines prefill, D decode (layers/handover.py): an arrival goes to the prefill engine with the
+                     fewest prompt tokens to run, marked for hand-over; after its first token its KV crosses the
                      link (kv_transfer.py) to the least loaded decode engine, which decodes the rest. A card sends one
                      transfer at a time and takes in one at a time (transfers queue at both ends), and the prefill
-                     engine keeps the request's seat and blocks until its transfer has landed.
+                     engine keeps the request's seat and blocks (engine.held) until its transfer has landed
+                     (engine.release).
 
 Each engine is the real engine, scheduler and block books over a SimulatedRunner with a virtual clock of its own
 (simulate.py). The fleet keeps the clocks on one time line by always doing the earliest thing next: an arrival, a
@@ -32,11 +33,12 @@ from minillm.card.simulate import SimulatedRunner, default_slots, default_token_
 from minillm.card.tensor_parallel import link_of
 from minillm.config import EngineConfig
 from minillm.engine.engine import Engine
-from minillm.engine.handover import export, handed_copy
 from minillm.engine.request import Request
 from minillm.engine.scheduler import ContinuousScheduler
-from minillm.engine.trace import Trace
 from minillm.errors import ConfigError
+from minillm.layers import LayeredEngine
+from minillm.layers.handover import export, handed_copy
+from minillm.layers.trace import Trace
 
 ROUTES = ("least-loaded", "round-robin")
 
@@ -98,7 +100,8 @@ def simulated_engine(spec, device, typical_tokens: float, dtype="bf16", kv_dtype
     cfg = EngineConfig(slots=slots or default_slots(runner, block_size, typical_tokens), kv="paged",
                        block_size=block_size, max_len=runner.max_len, record_blocks=False)  # fmt: skip
     policy = ContinuousScheduler(token_budget=budget)
-    return Engine(runner, KeepsHandedSeats(policy) if (meta or {}).get("role") == "prefill" else policy, cfg, meta=meta)
+    policy = KeepsHandedSeats(policy) if (meta or {}).get("role") == "prefill" else policy
+    return LayeredEngine(runner, policy, cfg, meta=meta)
 
 
 class KeepsHandedSeats:
@@ -152,28 +155,30 @@ class Fleet:
             if min(t_arrival, t_landing, t_step) == math.inf:
                 break
             if t_arrival <= t_landing and t_arrival <= t_step:  # (ties: arrivals first, as an engine admits them)
-                arrival.handoff = self.run.prefill > 0  # a prefill engine hands it over after its first token
-                self.submit(self.choose(arrival), arrival, t_arrival)
+                i = self.choose(arrival)
+                if self.run.prefill:  # a prefill engine hands it over after its first token
+                    self.engines[i].handover.mark(arrival)
+                self.submit(i, arrival, t_arrival)
                 arrival = next(arrivals, None)
             elif t_landing <= t_step:
                 self.land(*heapq.heappop(self.landings)[2:])
             else:
                 self.step(self.ready.index(t_step))
-        stuck = [e.meta["engine"] for e in self.engines if e.live or e.handed]
+        stuck = [e.meta["engine"] for e in self.engines if e.live or e.held]
         assert not stuck, f"engines {stuck} still hold requests when the fleet has nothing left to do"
         self.run.wall_s = time.perf_counter() - started
         return self.run
 
-    def submit(self, i: int, request: Request, now: float) -> None:
+    def submit(self, i: int, request: Request, now: float, kv=None) -> None:
         request.arrival_s = now
-        self.engines[i].submit(request)
+        self.engines[i].submit(request, kv=kv)
         if self.ready[i] == math.inf:
             self.ready[i] = max(self.engines[i].clock.now(), now)
 
     def step(self, i: int) -> None:
         engine = self.engines[i]
         record = engine.step()
-        for request in engine.handed:  # (handed-over this step: its first token is made, its KV may go)
+        for request in engine.held:  # (handed-over this step: its first token is made, its KV may go)
             if request.finish_step == record.step:
                 self.send(i, request)
         stalled = record.computed_tokens == 0  # (its seats or blocks held by KV on its way out: a landing frees them)
@@ -210,18 +215,18 @@ class Fleet:
     def land(self, move: Transfer, request: Request) -> None:
         """The KV is in the decode card's memory: the prefill side frees it, the decode engine takes the request."""
         prefill = self.engines[move.prefill]
-        copy = handed_copy(request, *export(prefill, request))
+        copy, kv = handed_copy(request), export(prefill, request)
         prefill.release(request)
         if prefill.live and self.ready[move.prefill] == math.inf:  # (it may have waited for these blocks)
             self.ready[move.prefill] = max(prefill.clock.now(), move.done_s)
         self.incoming[move.decode] -= left_to_run(request)
         self.run.copies[copy.id] = copy
-        self.submit(move.decode, copy, move.done_s)
+        self.submit(move.decode, copy, move.done_s, kv=kv)
 
 
 def fresh(r: Request) -> Request:
     """A copy to serve, so the caller's crowd can be served again (by another fleet)."""
-    return replace(r, output_ids=[], output_logprobs=[], draft=[], draft_q=[])
+    return replace(r, output_ids=[], lookahead=[])
 
 
 def simulate_fleet(spec: ModelSpec, device: Device, requests: list[Request], cards: int, prefill: int = 0,

@@ -1,6 +1,6 @@
 """The KV hand-over priced: a prompt's keys and values sent from the card that prefilled it to the card that decodes.
 
-Disaggregated serving (engine/handover.py; DistServe, Mooncake, vLLM's KV connectors) moves every prompt's KV once:
+Disaggregated serving (layers/handover.py; DistServe, Mooncake, vLLM's KV connectors) moves every prompt's KV once:
 
     bytes   = kv_bytes_per_token(spec, kv_dtype) x prompt tokens
               (keys AND values, every layer, the kv heads only: 128 KiB a token for Llama-3.1-8B in bf16);

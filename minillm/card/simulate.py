@@ -9,7 +9,7 @@ keeps only the allocator's books (an 8B model's pool would be gigabytes of tenso
 the model is split over tp such cards (tensor_parallel.py): the pool is as many blocks as one card
 holds its share of (its own kv heads), and a step is one card's share plus the all-reduces between
 them. The trace that comes out is an ordinary trace whose times are simulated seconds, so metrics,
-the app and the lessons read it unchanged. A request handed from one simulated engine to another (engine/handover.py,
+the app and the lessons read it unchanged. A request handed from one simulated engine to another (layers/handover.py,
 a fleet: fleet.py) carries its KV as tensors of no elements, (0, tokens, 0, 0): the count is all the books need.
 """
 
@@ -84,8 +84,9 @@ class SimulatedRunner:
         return SimulatedKVBooks(cfg.num_blocks or self.pool_blocks(cfg.block_size), cfg.block_size,
                                 cfg.prefix_caching)  # fmt: skip
 
-    def run(self, batch: Batch, cache: PagedKVBooks) -> list[int]:
-        """Charge the step's rows to the clock; each finished row gets its next planned token (or EOS)."""
+    def run(self, batch: Batch, cache: PagedKVBooks, picker=None) -> list[int]:
+        """Charge the step's rows to the clock; each finished row gets its next planned token (or EOS). (No
+        logits, so no picker: the planned reply is the pick.)"""
         starts = cache.prepare(batch.seats, batch.counts, batch.padding_rows)
         rows = list(zip(batch.counts, starts))
         if batch.padding_rows:  # held seats are computed too: copies of the first decode row

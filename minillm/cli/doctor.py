@@ -21,6 +21,8 @@ from dataclasses import dataclass
 from importlib import metadata
 from pathlib import Path
 
+from minillm.layers import LayeredEngine
+
 ROOT = Path(__file__).resolve().parents[2]  # the repository: app.py, requirements.txt, lessons/
 MIN_PYTHON = (3, 11)
 CPU_TORCH = "pip install torch==2.13.0 --index-url https://download.pytorch.org/whl/cpu"  # PyTorch's CPU wheels
@@ -94,7 +96,6 @@ def check_model() -> Result:
 def check_engine() -> Result:
     """Three users on two seats through the real engine, 20 steps at most, against the one-user no-cache loop."""
     from minillm.config import EngineConfig
-    from minillm.engine.engine import Engine
     from minillm.engine.generate import generate
     from minillm.engine.request import Request
     from minillm.engine.scheduler import ContinuousScheduler
@@ -103,7 +104,7 @@ def check_engine() -> Result:
 
     model = load_model(device="cpu")
     prompts = {"a": ("spell 4096", 19), "b": ("count down from 5", 10), "c": ("spell 42", 9)}  # (with their EOS)
-    engine = Engine(model, ContinuousScheduler(), EngineConfig(slots=2, kv="paged", block_size=4))
+    engine = LayeredEngine(model, ContinuousScheduler(), EngineConfig(slots=2, kv="paged", block_size=4))
     requests = [Request(rid, encode_prompt(p), n, prompt=p) for rid, (p, n) in prompts.items()]
     for r in requests:
         engine.submit(r)

@@ -44,7 +44,8 @@ def cmd_train(args: argparse.Namespace) -> None:
     import dataclasses
 
     from minillm.config import ModelConfig
-    from minillm.model.checkpoint import DEFAULT_CHECKPOINT, DRAFT_CHECKPOINT
+    from minillm.layers.drafters import DRAFT_CHECKPOINT
+    from minillm.model.checkpoint import DEFAULT_CHECKPOINT
     from minillm.training.draft import DRAFT_MODEL, DRAFT_TRAINING
     from minillm.training.train import TrainConfig, format_accuracy, train_and_save
 
@@ -57,12 +58,14 @@ def cmd_train(args: argparse.Namespace) -> None:
 
 
 def cmd_eval(args: argparse.Namespace) -> None:
-    from minillm.model.checkpoint import DRAFT_CHECKPOINT, load_model
+    from minillm.layers.drafters import DRAFT_CHECKPOINT, DRAFT_RETRAIN_HINT
+    from minillm.model.checkpoint import RETRAIN_HINT, load_model
     from minillm.training.train import evaluate, format_accuracy
 
     if args.draft and args.checkpoint:
         raise ConfigError("give --draft (the shipped draft model) or --checkpoint FILE, not both")
-    model = load_model(DRAFT_CHECKPOINT if args.draft else args.checkpoint, args.device)
+    path, hint = (DRAFT_CHECKPOINT, DRAFT_RETRAIN_HINT) if args.draft else (args.checkpoint, RETRAIN_HINT)
+    model = load_model(path, args.device, hint=hint)
     results = evaluate(model, per_task=args.per_task)
     print(format_accuracy(results))
 

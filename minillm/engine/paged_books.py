@@ -1,7 +1,7 @@
-"""The paged KV cache's books: block tables and the answers a scheduler needs, without any tensors.
+"""The paged KV cache's books: block tables and the answers a scheduler needs, without tensors.
 
-PagedKVCache (kv_cache.py) adds the key and value tensors on top; a simulated card (card/simulate.py)
-uses the books alone, since a real model's pool would be gigabytes.
+PagedKVCache (kv_cache.py) adds the key and value tensors on top; a simulated card
+(card/simulate.py) keeps the books alone, since a real model's pool would be gigabytes.
 """
 
 from __future__ import annotations
@@ -17,22 +17,20 @@ def row_counts(seats: list[int], num_new: int | list[int]) -> list[int]:
 
 
 class PagedKVBooks:
-    """The paged cache's bookkeeping without the tensors: block tables, and the answers a scheduler needs."""
-
     def __init__(self, num_blocks: int, block_size: int = 16, prefix_caching: bool = False):
-        self.num_blocks, self.block_size, self.prefix_caching = num_blocks, block_size, prefix_caching
-        # (two arguments unless asked for more: lesson 05 serves a crowd with a student's allocator in its place)
-        args = (num_blocks, block_size) + ((True,) if prefix_caching else ())
-        self.allocator = BlockAllocator(*args)
+        self.num_blocks, self.block_size = num_blocks, block_size
+        self.prefix_caching = prefix_caching
+        self.allocator = BlockAllocator(num_blocks, block_size, prefix_caching)
 
-    def prepare(self, seats: list[int], num_new: int | list[int], padding_rows: int = 0) -> list[int]:
-        """Give each seat blocks for its new tokens. Returns where each row starts (tokens it had before)."""
+    def prepare(self, seats: list[int], num_new: int | list[int], padding_rows=0) -> list[int]:
+        """Give each seat blocks for its new tokens; returns where each row starts."""
         alloc, counts = self.allocator, row_counts(seats, num_new)
         needed = sum(alloc.new_blocks_needed(s, n) for s, n in zip(seats, counts))
-        if needed > alloc.num_free:  # check the whole batch first, so a failure changes nothing
+        if needed > alloc.num_free:  # the whole batch checked first: a failure changes nothing
             raise BlockPoolExhausted(
-                f"KV cache is full: this step needs {needed} new block(s) but only {alloc.num_free} of "
-                f"{alloc.num_blocks} are free; preempt a sequence first, or give the cache more blocks"
+                f"KV cache is full: this step needs {needed} new block(s) but only "
+                f"{alloc.num_free} of {alloc.num_blocks} are free; preempt a sequence first, "
+                "or give the cache more blocks"
             )
         starts = [alloc.lengths.get(s, 0) for s in seats]
         for s, n in zip(seats, counts):
@@ -42,35 +40,31 @@ class PagedKVBooks:
     def free(self, seat: int) -> None:
         self.allocator.free(seat)
 
-    def truncate(self, seat: int, num_tokens: int) -> None:
-        """Keep the seat's first `num_tokens` tokens (rejected draft tokens go); blocks past them are free at once."""
+    def truncate(self, seat: int, num_tokens: int) -> None:  # blocks past them: free at once
         self.allocator.truncate(seat, num_tokens)
 
-    # --- what a scheduler asks -----------------------------------------------------------------
-    def blocks_to_admit(self, num_tokens: int, token_ids: list[int] | None = None, leaving: list[int] = ()) -> int:
-        """Free blocks a new sequence of `num_tokens` takes. Given its tokens, blocks it shares from the
-        prefix cache cost nothing, unless they sit on the free list (they leave it) or only sequences
-        `leaving` this step (seats being preempted) hold them (they were counted as freed)."""
+    # --- what a scheduler asks (KVSpace) ---------------------------------------------------
+    def blocks_to_admit(self, num_tokens: int, token_ids=None, leaving=()) -> int:
+        """Free blocks a new sequence takes: none for blocks it shares from the prefix cache, unless
+        they sit on the free list or only seats `leaving` this step hold them (counted freed)."""
         blocks = self.allocator.blocks_for(num_tokens)
         if token_ids is None or not self.prefix_caching:
             return blocks
-        tables = self.allocator.tables
-        held_by_leavers = lambda b: sum(b in tables.get(seat, ()) for seat in leaving)
-        hits = self.allocator.cached_prefix(token_ids)
-        return blocks - sum(1 for b in hits if self.allocator.ref_counts[b] > held_by_leavers(b))
+        alloc = self.allocator
+        held_by_leavers = lambda b: sum(b in alloc.tables.get(seat, ()) for seat in leaving)
+        hits = alloc.cached_prefix(token_ids)
+        return blocks - sum(1 for b in hits if alloc.ref_counts[b] > held_by_leavers(b))
 
     def blocks_to_grow(self, seat: int, num_new: int = 1) -> int:
         return self.allocator.new_blocks_needed(seat, num_new)
 
-    def blocks_held(self, seat: int) -> int:
-        """Blocks that return to the free list if this seat's sequence is freed (shared ones stay held)."""
+    def blocks_held(self, seat: int) -> int:  # freed with the seat's sequence (not shared ones)
         if self.prefix_caching:
             return self.allocator.blocks_freed_by(seat)
         return len(self.allocator.tables.get(seat, []))
 
-    def cached_prefix(self, token_ids: list[int]) -> int:
-        """How many of these tokens are already in the prefix cache (0 without prefix caching)."""
-        return len(self.allocator.cached_prefix(token_ids)) * self.block_size if self.prefix_caching else 0
+    def cached_prefix(self, token_ids: list[int]) -> int:  # tokens already in the prefix cache
+        return len(self.allocator.cached_prefix(token_ids)) * self.block_size
 
     def can_ever_hold(self, num_tokens: int) -> bool:
         return self.allocator.blocks_for(num_tokens) <= self.num_blocks
@@ -79,23 +73,20 @@ class PagedKVBooks:
     def free_blocks(self) -> int:
         return self.allocator.num_free
 
-    # --- what the engine asks ------------------------------------------------------------------
+    # --- what the engine asks under prefix caching -----------------------------------------
     def claim_prefix(self, seat: int, token_ids: list[int]) -> int:
-        """A newcomer takes its cached prefix blocks, a prompt being prefilled at a block boundary those cached
-        since (another request computed them meanwhile). Returns the tokens it need not compute."""
+        """A newcomer takes its cached prefix blocks; a prompt being prefilled, at a block boundary,
+        those another request computed meanwhile. Returns the tokens it need not compute."""
         alloc = self.allocator
-        if not self.prefix_caching or alloc.lengths.get(seat, 0) % self.block_size:
+        if alloc.lengths.get(seat, 0) % self.block_size:
             return 0
-        return alloc.share_prefix(seat, alloc.cached_prefix(token_ids)[len(alloc.tables.get(seat, ())) :])
+        held = len(alloc.tables.get(seat, ()))
+        return alloc.share_prefix(seat, alloc.cached_prefix(token_ids)[held:])
 
-    def commit(self, seat: int, token_ids: list[int]) -> None:
-        """After a forward: `token_ids` of this seat have their keys and values stored; key its full blocks."""
-        if self.prefix_caching:
-            self.allocator.cache_full_blocks(seat, token_ids)
+    def commit(self, seat: int, token_ids: list[int]) -> None:  # these are computed: key them
+        self.allocator.cache_full_blocks(seat, token_ids)
 
-    def block_map(self, seats: list[int]) -> dict[int, list[int]]:
-        return {s: list(self.allocator.tables.get(s, [])) for s in seats}
-
+    # --- what the trace asks ---------------------------------------------------------------
     def blocks_in_use(self, seats: list[int]) -> int:
         return self.allocator.num_used
 
@@ -103,27 +94,15 @@ class PagedKVBooks:
         return self.allocator.lengths.get(seat, 0)
 
     @property
-    def cached_free_blocks(self) -> int:
-        return self.allocator.num_cached_free if self.prefix_caching else 0
-
-    def cached_free_block_ids(self) -> list[int]:
-        """Free blocks that still hold a keyed prefix, least recently freed first (the next to be reused)."""
-        key_of = self.allocator.key_of
-        return [b for b in self.allocator.free_blocks if b in key_of] if self.prefix_caching else []
-
-    @property
     def lengths(self) -> dict[int, int]:
         return self.allocator.lengths
 
-    # --- memory accounting -------------------------------------------------------------------
     @property
-    def reserved_tokens(self) -> int:
-        """Token slots in blocks that some sequence holds (free blocks are anyone's)."""
+    def reserved_tokens(self) -> int:  # slots in blocks some sequence holds (free: anyone's)
         return self.allocator.num_used * self.block_size
 
     @property
-    def stored_tokens(self) -> int:
-        """Tokens held in blocks, a block shared by several sequences counted once."""
+    def stored_tokens(self) -> int:  # tokens held in blocks, a shared block counted once
         if self.prefix_caching:
             return self.allocator.stored_tokens
         return sum(self.allocator.lengths.values())

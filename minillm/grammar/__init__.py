@@ -2,7 +2,7 @@
 becomes a finite automaton over bytes (automaton.py), whose states say which tokens may come next.
 
     from minillm.grammar import compile_regex, compile_schema
-    dfa = compile_regex(r"(yes|no)")              # Request(..., constraint=dfa): the engine does the rest
+    dfa = compile_regex(r"(yes|no)")  # Request(..., sampling=Sampling(constraint=dfa)): LayeredEngine does the rest
 """
 
 from __future__ import annotations

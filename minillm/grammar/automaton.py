@@ -6,7 +6,7 @@ Three classic steps, each a few lines:
   3. pruning and minimizing: states from which no accepting state can be reached are dropped (so a constrained
      reply can always be finished), and states with the same future are merged (Moore's refinement).
 
-A Dfa is then what the engine needs each step (engine/constrain.py): from a state, which tokens may come next
+A Dfa is then what the engine needs each step (layers/constrain.py): from a state, which tokens may come next
 (`mask`: a byte with a move, EOS where the state accepts), and where a token leads (`step`).
 """
 

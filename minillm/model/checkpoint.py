@@ -1,9 +1,9 @@
 """Save and load the model as safetensors (no pickle: loading a file never runs code from it).
 
-The model's config travels inside the file's metadata, so one file is the whole model, in Llama's layout (the
-model's fused qkv_proj is saved as q_proj, k_proj, v_proj). Weights are stored in float16 (half the size: the
-shipped file stays under 10 MB) and loaded back as float32; the held-out accuracy in the metadata is measured
-after that round trip.
+The model's config travels in the file's metadata, so one file is the whole model, in Llama's
+layout (the fused qkv_proj is saved as q_proj, k_proj, v_proj). Weights are stored in float16
+(half the size: the shipped file stays under 10 MB) and loaded back as float32; the held-out
+accuracy in the metadata is measured after that round trip.
 """
 
 from __future__ import annotations
@@ -21,39 +21,43 @@ from minillm.errors import CheckpointError, ConfigError, DeviceError
 from minillm.model.transformer import Transformer
 
 DEFAULT_CHECKPOINT = Path(__file__).parent.parent / "weights" / "minillm.safetensors"
-DRAFT_CHECKPOINT = DEFAULT_CHECKPOINT.with_name("draft.safetensors")  # speculative decoding's guesser (train --draft)
 STORAGE_DTYPE = torch.float16
 RETRAIN_HINT = "rebuild it with `python -m minillm train` (about 20 minutes on 2 CPU cores)"
-DRAFT_RETRAIN_HINT = "rebuild it with `python -m minillm train --draft` (about 5 minutes on 2 CPU cores)"
 
 
 def resolve_device(name: str = "auto") -> torch.device:
-    """'auto' -> cuda when torch sees a GPU, else cpu. Asking for cuda without a GPU is an error, not a fallback."""
+    """'auto' -> cuda when torch sees a GPU, else cpu. Asking for cuda without one is an error."""
     if name == "auto":
         return torch.device("cuda" if torch.cuda.is_available() else "cpu")
     if name == "cuda" and not torch.cuda.is_available():
-        raise DeviceError("--device cuda was asked for, but torch sees no CUDA GPU here; use --device cpu (or auto)")
+        fix = "use --device cpu (or auto)"
+        raise DeviceError(f"--device cuda was asked for, but torch sees no CUDA GPU here; {fix}")
     if name not in ("cpu", "cuda"):
         raise DeviceError(f"unknown device {name!r}; choose cpu, cuda or auto")
     return torch.device(name)
 
 
 # Matrices the model runs as one matmul (transformer.py) -> Llama's, stacked by rows in this order.
-FUSED = {"self_attn.qkv_proj": ("self_attn.q_proj", "self_attn.k_proj", "self_attn.v_proj"),
-         "mlp.gate_up_proj": ("mlp.gate_proj", "mlp.up_proj")}  # fmt: skip
+FUSED = {
+    "self_attn.qkv_proj": ("self_attn.q_proj", "self_attn.k_proj", "self_attn.v_proj"),
+    "mlp.gate_up_proj": ("mlp.gate_proj", "mlp.up_proj"),
+}
 
 
 def llama_layout(state: dict[str, torch.Tensor], cfg: ModelConfig) -> dict[str, torch.Tensor]:
-    """The model's state dict under Llama's names: each fused matrix cut back into its parts."""
+    """The model's state dict under Llama's names: each fused matrix cut back into its parts
+    (layers.0.self_attn.qkv_proj.weight -> ...q_proj.weight, ...k_proj.weight, ...v_proj.weight)."""
     kv = cfg.n_kv_heads * cfg.head_dim
-    rows = {"self_attn.qkv_proj": [cfg.n_heads * cfg.head_dim, kv, kv], "mlp.gate_up_proj": [cfg.ffn_dim] * 2}
+    q = cfg.n_heads * cfg.head_dim
+    rows = {"self_attn.qkv_proj": [q, kv, kv], "mlp.gate_up_proj": [cfg.ffn_dim] * 2}
     out = {}
     for name, t in state.items():
         fused = next((f for f in FUSED if f".{f}." in name), None)
         if fused is None:
             out[name] = t
-        else:  # layers.0.self_attn.qkv_proj.weight -> layers.0.self_attn.q_proj.weight, ...k_proj..., ...v_proj...
-            out |= {name.replace(fused, part): piece for part, piece in zip(FUSED[fused], t.split(rows[fused]))}
+        else:
+            pieces = zip(FUSED[fused], t.split(rows[fused]))
+            out |= {name.replace(fused, part): piece for part, piece in pieces}
     return out
 
 
@@ -61,7 +65,7 @@ def fused_layout(tensors: dict[str, torch.Tensor], cfg: ModelConfig) -> dict[str
     """Llama's names -> the model's: each layer's parts stacked into their fused matrix."""
     out = dict(tensors)
     for layer, (fused, parts) in itertools.product(range(cfg.n_layers), FUSED.items()):
-        stacked = [out.pop(f"layers.{layer}.{part}.weight") for part in parts]  # KeyError: the file lacks a part
+        stacked = [out.pop(f"layers.{layer}.{part}.weight") for part in parts]  # KeyError: missing
         out[f"layers.{layer}.{fused}.weight"] = torch.cat(stacked)
     return out
 
@@ -76,11 +80,11 @@ def save_checkpoint(model: Transformer, path: str | Path, extra: dict | None = N
     save_file(tensors, str(path), metadata=metadata)
 
 
-def load_model(path: str | Path | None = None, device: str | torch.device = "auto") -> Transformer:
-    """Load a checkpoint (the shipped one by default) onto a device, in eval mode."""
+def load_model(path=None, device: str | torch.device = "auto", hint=RETRAIN_HINT) -> Transformer:
+    """Load a checkpoint (the shipped one by default) onto a device, in eval mode. hint: how to
+    rebuild the file, said when it is missing or broken."""
     path = Path(path) if path is not None else DEFAULT_CHECKPOINT
     device = resolve_device(device) if isinstance(device, str) else device
-    hint = DRAFT_RETRAIN_HINT if path == DRAFT_CHECKPOINT else RETRAIN_HINT
     if not path.is_file():
         raise CheckpointError(f"no checkpoint at {path}; {hint}")
     try:
@@ -94,8 +98,8 @@ def load_model(path: str | Path | None = None, device: str | torch.device = "aut
     try:
         model.load_state_dict(fused_layout(tensors, cfg), strict=True)
     except (RuntimeError, KeyError) as e:
-        first = str(e).splitlines()[0]
-        raise CheckpointError(f"checkpoint {path} does not match the model ({first}); {hint}") from None
+        why = f"does not match the model ({str(e).splitlines()[0]})"
+        raise CheckpointError(f"checkpoint {path} {why}; {hint}") from None
     return model.to(device).eval()
 
 

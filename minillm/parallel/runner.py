@@ -109,8 +109,8 @@ class ShardedRunner(ModelRunner):
         self.broadcast(("step", batch.seats, starts, num_new, batch.padding_rows, tables, batch.token_ids))
         return positions
 
-    def run(self, batch: Batch, cache) -> list[int]:
-        return self.collective(lambda: super(ShardedRunner, self).run(batch, cache))
+    def run(self, batch: Batch, cache, picker) -> list[int]:
+        return self.collective(lambda: super(ShardedRunner, self).run(batch, cache, picker))
 
     def close(self) -> None:
         """Stop every worker and leave the process group (idempotent; also run at the process's exit)."""

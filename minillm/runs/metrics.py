@@ -19,7 +19,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from minillm.engine.trace import StepRecord, Trace
+from minillm.layers.trace import StepRecord, Trace
 
 
 def percentiles(values: list[float], qs=(50, 90, 99)) -> dict[str, float | None]:

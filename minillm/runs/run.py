@@ -6,9 +6,9 @@ from dataclasses import replace
 
 from minillm.card.simulate import SimulatedRunner, default_slots, default_token_budget
 from minillm.config import EngineConfig, Sampling
-from minillm.engine.engine import Engine
 from minillm.engine.scheduler import DEFAULT_TOKEN_BUDGET, SCHEDULERS, Scheduler
-from minillm.engine.trace import Trace
+from minillm.layers import LayeredEngine
+from minillm.layers.trace import Trace
 from minillm.model.transformer import Transformer
 from minillm.runs.workload import SEED_STORY_SLOTS, ChatKnobs, make_workload
 
@@ -42,7 +42,7 @@ def workload_engine(
     drafter: str = "model",
     draft: Transformer | None = None,
     tp: int = 1,
-) -> Engine:
+) -> LayeredEngine:
     """The engine with the workload submitted, ready to run (run_workload runs it; the app's what-if view steps it
     itself, to stop a long simulation early).
 
@@ -55,7 +55,7 @@ def workload_engine(
     sampling: how every user's tokens are picked (None: greedy); each user draws with its own seed, taken from
     `seed`, so the same run gives the same replies.
     speculate: draft tokens a decoding request guesses per step (0: off), by `drafter` ("model": `draft`, by
-    default the shipped draft model; "ngram": prompt lookup), see engine/speculate.py.
+    default the shipped draft model; "ngram": prompt lookup), see layers/speculate.py.
     tp: tensor-parallel ranks the model is split across (parallel/: worker processes; the caller closes
     engine.runner when done, as run_workload does).
     """
@@ -80,7 +80,7 @@ def workload_engine(
         from minillm.parallel.runner import ShardedRunner
 
         model, meta = ShardedRunner(model, tp), meta | {"tp": tp}
-    engine = Engine(model, policy, cfg, meta=meta, draft=draft)
+    engine = LayeredEngine(model, policy, cfg, meta=meta, draft=draft)
     for request in requests:
         engine.submit(request)
     return engine

@@ -13,8 +13,8 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
-from minillm.engine.trace import FORMAT, SLOT_STATES, Trace
 from minillm.errors import MinillmError
+from minillm.layers.trace import FORMAT, SLOT_STATES, Trace
 
 READABLE_VERSIONS = (1, 2, 3)
 

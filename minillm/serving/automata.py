@@ -37,7 +37,7 @@ class Automata:
 
     def pack(self, request: Request) -> Request:
         """A copy of the request to send, its constraint as (slot, pattern[, moves, accepting])."""
-        dfa = request.constraint
+        dfa = request.sampling.constraint
         if dfa is None:
             return request
         slot = self.slots.pop(dfa.pattern, None)
@@ -46,13 +46,13 @@ class Automata:
             slot = len(self.slots) if len(self.slots) < self.size else self.slots.popitem(last=False)[1]
             packed = (slot, dfa.pattern, dfa.moves.astype(np.int16), dfa.accepting)
         self.slots[dfa.pattern] = slot  # (now the most recently used)
-        return replace(request, constraint=packed)
+        return replace(request, sampling=replace(request.sampling, constraint=packed))
 
     def unpack(self, request: Request) -> Request:
         """The request as it arrived, its constraint the Dfa its slot holds (new tables first stored there)."""
-        if request.constraint is not None:
-            slot, pattern, *tables = request.constraint
+        if request.sampling.constraint is not None:
+            slot, pattern, *tables = request.sampling.constraint
             if tables:
                 self.kept[slot] = Dfa(tables[0].astype(np.int64), tables[1], pattern)
-            request.constraint = self.kept[slot]
+            request.sampling = replace(request.sampling, constraint=self.kept[slot])
         return request

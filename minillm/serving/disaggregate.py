@@ -18,6 +18,8 @@ Inside the engine processes, handover_link.py does their part.
 
 from __future__ import annotations
 
+from dataclasses import replace
+
 from minillm.errors import ConfigError
 from minillm.serving.serve_loop import LoopHandle
 from minillm.serving.token_stream import Event
@@ -65,15 +67,16 @@ class PrefillDecode(LoopHandle):
     def _from_prefill(self, message: tuple) -> None:
         """The prefill engine's out-of-band messages: a request handed over, or a hand-over that failed."""
         if message[0] == "handed":
-            copy = message[1]
-            if isinstance(copy.constraint, str):
+            _, copy, logprobs = message  # (logprobs: its first token's, when asked; the decode side goes on)
+            if isinstance(copy.sampling.constraint, str):
                 from minillm.grammar import compile_regex
 
-                copy.constraint = compile_regex(copy.constraint)  # (compiled when it came in: kept by pattern)
+                pattern = compile_regex(copy.sampling.constraint)  # (compiled when it came in: kept by pattern)
+                copy.sampling = replace(copy.sampling, constraint=pattern)
             stream = self.prefill.streams.pop(copy.id, None)
             if stream is not None:
                 self.decode.streams[copy.id] = stream  # its next tokens come from the decode engine
-            self.decode._send(("receive", copy))
+            self.decode._send(("receive", copy, logprobs))
             if copy.id in self.aborted:
                 self.decode._send(("abort", copy.id, "aborted"))
         else:
@@ -86,8 +89,7 @@ class PrefillDecode(LoopHandle):
 
     def _send(self, message: tuple) -> None:
         kind = message[0]
-        if kind == "submit":
-            message[1].handoff = True
+        if kind == "submit":  # (the prefill engine marks every request it takes for hand-over: take_role)
             self.prefill._send(message)
         elif kind == "abort":
             self.aborted.add(message[1])

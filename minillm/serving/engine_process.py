@@ -35,6 +35,7 @@ from safetensors.torch import save as save_tensors
 
 from minillm.config import EngineConfig
 from minillm.errors import ConfigError, MinillmError
+from minillm.layers import LayeredEngine
 from minillm.serving.automata import Automata
 from minillm.serving.serve_loop import LoopHandle
 from minillm.serving.token_stream import Event, deliver
@@ -132,8 +133,9 @@ class EngineProcess(LoopHandle):
         if self.error is None:
             try:
                 with self._lock:  # (packed under the lock: slots must be given in the order the child reads them)
-                    packed = (kind, self.automata.pack(message[1])) if kind in ("submit", "receive") else message
-                    self.conn.send(packed)
+                    if kind in ("submit", "receive"):  # (a receive carries the reply's logprobs so far after it)
+                        message = (kind, self.automata.pack(message[1]), *message[2:])
+                    self.conn.send(message)
                 return
             except OSError as e:  # the engine process is gone, and the reader has not heard yet
                 self.error = f"the engine process is gone ({e})"
@@ -219,7 +221,7 @@ class PipeInbox:
         if kind == "submit":
             return ("submit", self.automata.unpack(args[0]), Outlet(args[0].id))
         if kind == "receive":  # (a decode engine: a handed-over request's books)
-            return ("receive", self.automata.unpack(args[0]))
+            return ("receive", self.automata.unpack(args[0]), *args[1:])
         if kind in ("ask", "snapshot", "metrics"):
             return (kind, *args[:-1], Answer(self.conn, args[-1]))
         return message
@@ -248,7 +250,6 @@ class Answer:
 def run_engine(conn: Connection, recipe: tuple) -> None:
     """The child's life: build the engine and its loop, say ready, serve until told to stop or the pipe closes."""
     signal.signal(signal.SIGINT, signal.SIG_IGN)  # Ctrl-C is the server's to handle (see the module's notes)
-    from minillm.engine.engine import Engine
     from minillm.engine.scheduler import SCHEDULERS
     from minillm.model.transformer import Transformer
     from minillm.serving.serve_loop import ServeLoop
@@ -266,7 +267,7 @@ def run_engine(conn: Connection, recipe: tuple) -> None:
 
             runner = ShardedRunner(runner, tp)
         meta = {"workload": "live"} | ({"tp": tp} if tp > 1 else {})
-        engine = Engine(runner, SCHEDULERS[scheduler](token_budget=token_budget), cfg, meta)
+        engine = LayeredEngine(runner, SCHEDULERS[scheduler](token_budget=token_budget), cfg, meta)
     except Exception as e:  # noqa: BLE001 (the parent reports it in one line)
         conn.send(("failed", str(e)))
         if hasattr(runner, "close"):

@@ -6,6 +6,7 @@ keys and values, and the serve loop's part in it on either side (take_role).
 from __future__ import annotations
 
 import datetime
+from dataclasses import replace
 
 import torch
 import torch.distributed as dist
@@ -46,17 +47,19 @@ class HandoverLink:
 def take_role(loop, role: str, address: str, send, outlet) -> None:
     """Set up a serve loop (serve_loop.py) as the prefill or the decode engine. send: a message to the HTTP side;
     outlet(request id): the stream a decode engine's events go to (engine_process.Outlet)."""
-    from minillm.engine.handover import export, handed_copy
+    from minillm.layers.handover import export, handed_copy
 
     engine = loop.engine
     link = HandoverLink(address, role, str(engine.device))
 
     def hand_over() -> None:  # (prefill) after each step: every request that has its first token goes over
-        for request in list(engine.handed):
+        for request in list(engine.held):
             loop.listeners.pop(request.id, None)  # (its first token went out; its stream goes on from the decode side)
-            books = handed_copy(request, None, None)
-            books.constraint = books.constraint and books.constraint.pattern  # (the HTTP side has it compiled)
-            send(("handed", books))  # the books first: they tell the decode side to listen
+            books = handed_copy(request)
+            pattern = books.sampling.constraint and books.sampling.constraint.pattern  # (the HTTP side has it compiled)
+            books.sampling = replace(books.sampling, constraint=pattern)
+            logprobs = engine.sampler.logprobs.pop(request.id, None)  # (its first token's: the decode side goes on)
+            send(("handed", books, logprobs))  # the books first: they tell the decode side to listen
             try:
                 link.send(*export(engine, request))
             except RuntimeError as e:  # the decode engine is gone: free this side, end the request
@@ -64,15 +67,18 @@ def take_role(loop, role: str, address: str, send, outlet) -> None:
             engine.release(request)
             loop.stats.count("handed-over")
 
-    def receive(copy) -> None:  # (decode) a request's books arrived: its KV follows through the link
+    def receive(copy, logprobs: list | None) -> None:  # (decode) a request's books arrived: its KV follows
         stream = outlet(copy.id)
         try:
-            copy.kv_import = link.receive(engine.cache.k.dtype)
+            kv = link.receive(engine.cache.k.dtype)
         except RuntimeError as e:
             loop.outbox.append((stream, Event("done", detail=f"error: the KV hand-over failed ({e})")))
             return
         copy.arrival_s, copy.arrival_step = engine.clock.now(), engine.step_no
-        if not engine.submit(copy):  # (it fitted the prefill engine's context: the same limits here)
+        if logprobs is not None:  # (the reply's so far: the listener sends them on from its second token)
+            engine.sampler.logprobs[copy.id] = list(logprobs)
+        if not engine.submit(copy, kv=kv):  # (it fitted the prefill engine's context: the same limits here)
+            engine.sampler.logprobs.pop(copy.id, None)
             why = f"error: the decode engine refused it: {copy.finish_reason}"
             loop.outbox.append((stream, Event("done", detail=why)))
             return
@@ -81,6 +87,7 @@ def take_role(loop, role: str, address: str, send, outlet) -> None:
         loop.listeners[copy.id] = listener
 
     if role == "prefill":
+        loop.on_accept = engine.handover.mark  # every request it takes leaves after its first token
         loop.after_step = hand_over
     else:
         loop.receiver = receive

@@ -19,7 +19,7 @@ from __future__ import annotations
 
 from bisect import bisect_left
 
-from minillm.engine.trace import StepRecord
+from minillm.layers.trace import StepRecord
 
 TTFT_BUCKETS_S = (0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0, 60.0)
 ITL_BUCKETS_S = (0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5)

@@ -29,6 +29,7 @@ from __future__ import annotations
 import asyncio
 import itertools
 import json
+from dataclasses import replace
 
 from fastapi import FastAPI, Request
 from fastapi.exceptions import RequestValidationError
@@ -145,7 +146,8 @@ def make_app(loop: LoopHandle, model: str = "minillm", max_body_bytes: int = MAX
             raise ApiError("the server is shutting down: send this request elsewhere or later", status=503)
         rid = f"r{next(ids)}"
         request = to_request(ask, rid, loop.max_len)
-        request.constraint = await constraint_for(ask)  # (response_format or regex: a 400 here if it cannot be)
+        constraint = await constraint_for(ask)  # (response_format or regex: a 400 here if it cannot be)
+        request.sampling = replace(request.sampling, constraint=constraint)  # (it travels in the sampling)
         stream = AsyncTokenStream(asyncio.get_running_loop())
         loop.submit(request, stream)
         first = await first_word(stream)

@@ -234,7 +234,8 @@ def parse_chat(body: dict, model: str) -> Ask:
 
 def to_request(ask: Ask, request_id: str, max_len: int) -> Request:
     """The engine's request: the prompt's length checked before it is tokenized (a huge prompt costs nothing).
-    Its constraint, the automaton of ask.pattern, is the app's to add (openai_structured.constraint_for)."""
+    Its constraint, the automaton of ask.pattern, is the app's to add to its sampling
+    (openai_structured.constraint_for)."""
     param = "messages" if ask.chat else "prompt"
     if len(ask.prompt) + len(ask.preamble or "") + 1 + ask.chat >= max_len:  # a character is at least one token
         raise ApiError(f"the prompt is over {max_len} tokens, the model's context: shorten it", param=param)

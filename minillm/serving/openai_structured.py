@@ -1,5 +1,5 @@
 """Structured output through the OpenAI API: a request's `response_format` (or `regex`) -> the pattern its reply
-must match -> the automaton the engine masks each step with (grammar/, engine/constrain.py).
+must match -> the automaton the engine masks each step with (grammar/, layers/constrain.py).
 
 On both endpoints, /v1/chat/completions and /v1/completions (as vLLM takes them):
 

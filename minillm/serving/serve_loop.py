@@ -36,8 +36,8 @@ from dataclasses import dataclass
 
 from minillm.engine.engine import Engine
 from minillm.engine.request import Request
-from minillm.engine.trace import Trace, request_record
 from minillm.errors import InputError
+from minillm.layers.trace import Trace, request_record
 from minillm.serving.live_metrics import LiveStats, prometheus_text
 from minillm.serving.token_stream import AsyncTokenStream, Event, TokenStream, deliver
 from minillm.serving.trace_window import window
@@ -113,6 +113,7 @@ class ServeLoop(LoopHandle):
         self.unseated = 0  # requests kept that ended without a seat (see _ended_unseated)
         self.outbox: list[tuple[TokenStream | AsyncTokenStream, Event]] = []  # events to deliver (see deliver)
         self.after_step: Callable[[], None] | None = None  # (a prefill engine: hand requests over: disaggregate.py)
+        self.on_accept: Callable[[Request], None] | None = None  # (a prefill engine: mark each for hand-over)
         self.receiver: Callable[[Request], None] | None = None  # (a decode engine: take a handed-over request)
         self._thread = threading.Thread(target=self.serve, name="minillm-engine", daemon=True)
 
@@ -201,11 +202,15 @@ class ServeLoop(LoopHandle):
             self.outbox.append((stream, Event("refused", status=400, detail=reason)))
             self._ended_unseated()
             return
+        if self.on_accept is not None:
+            self.on_accept(request)
         self.listeners[request.id] = Listener(request, stream)
         self.outbox.append((stream, Event("accepted")))
 
     def _abort(self, request_id: str, reason: str) -> None:
         listener = self.listeners.pop(request_id, None)
+        self.engine.sampler.logprobs.pop(request_id, None)  # (no more tokens will be sent: its logprobs may go)
+        self.engine.handover.marked.discard(request_id)  # (a prefill engine's: it will never be handed over)
         if self.engine.abort(request_id, reason):  # it was queued or running: its seat and KV blocks are free now
             self.stats.count(reason)
             if listener is not None and listener.request.admit_step is None:
@@ -213,8 +218,8 @@ class ServeLoop(LoopHandle):
         if listener is not None:
             self.outbox.append((listener.stream, Event("done", detail=reason)))
 
-    def _receive(self, request: Request) -> None:
-        self.receiver(request)  # (a decode engine: disaggregate.py)
+    def _receive(self, request: Request, logprobs: list | None = None) -> None:
+        self.receiver(request, logprobs)  # (a decode engine: disaggregate.py)
 
     def _ask(self, question: Callable[[Engine], object], answer: Future) -> None:
         try:
@@ -235,8 +240,10 @@ class ServeLoop(LoopHandle):
         answer.set_result(prometheus_text(self.stats, gauges(self.engine)))
 
     def _hand_out(self, record) -> None:
-        """Give every request that made a token this step (or finished) its new tokens."""
+        """Give every request that made a token this step (or finished) its new tokens, and their logprobs when
+        asked (the sampler keeps them by request id, one per token of the reply, a handed-over one's included)."""
         made = [entry[1] for entry in record.seats if entry[4]]
+        kept = self.engine.sampler.logprobs
         for request_id in dict.fromkeys(made + record.finished):
             listener = self.listeners.get(request_id)
             if listener is None:
@@ -250,13 +257,14 @@ class ServeLoop(LoopHandle):
             new = request.output_ids[listener.sent :]
             due = listener.sent == 0 or len(new) >= self.stream_interval or request.is_finished
             if new and due:
-                logprobs = request.output_logprobs[listener.sent : listener.sent + len(new)] or None
+                logprobs = kept.get(request.id, [])[listener.sent : listener.sent + len(new)] or None
                 self.outbox.append((listener.stream, Event("tokens", tokens=new, logprobs=logprobs)))
                 listener.sent += len(new)
             if request.is_finished and request.finish_reason != "handed-over":  # (its stream goes on elsewhere)
                 self.stats.count(request.finish_reason)
                 self.outbox.append((listener.stream, Event("done", detail=request.finish_reason)))
                 del self.listeners[request_id]
+                kept.pop(request_id, None)  # (all sent: a server running for days keeps no finished reply's)
 
     def _forget_old_steps(self) -> None:
         """Keep the last keep_steps steps, and the requests still alive or finished within them (trimmed in

@@ -22,9 +22,9 @@ import uvicorn
 from torch import nn
 
 from minillm.config import EngineConfig
-from minillm.engine.engine import Engine
 from minillm.engine.scheduler import DEFAULT_TOKEN_BUDGET, SCHEDULERS
 from minillm.errors import ConfigError
+from minillm.layers import LayeredEngine
 from minillm.serving.engine_process import START_TIMEOUT_S, EngineProcess
 from minillm.serving.openai_api import MAX_BODY_BYTES, drain, make_app
 from minillm.serving.router import Router
@@ -77,7 +77,7 @@ def build_loop(
         from minillm.parallel.runner import ShardedRunner  # (its close() runs at the process's exit)
 
         model = ShardedRunner(model, tp)
-    engine = Engine(model, SCHEDULERS[scheduler](token_budget=token_budget), cfg, meta={"workload": "live"})
+    engine = LayeredEngine(model, SCHEDULERS[scheduler](token_budget=token_budget), cfg, meta={"workload": "live"})
     return ServeLoop(engine, **loop_args)
 
 

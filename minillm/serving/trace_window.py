@@ -15,7 +15,7 @@ from __future__ import annotations
 
 from dataclasses import replace
 
-from minillm.engine.trace import RequestRecord, StepRecord, Trace
+from minillm.layers.trace import RequestRecord, StepRecord, Trace
 
 
 def window(config: dict, requests: list[RequestRecord], steps: list[StepRecord], first: int) -> Trace:

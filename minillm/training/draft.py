@@ -1,4 +1,4 @@
-"""The draft model speculative decoding guesses with (engine/speculate.py): its shape and training, in one place.
+"""The draft model speculative decoding guesses with (layers/speculate.py): its shape and training, in one place.
 
 A draft must be of the same family as the model it drafts for: the same tokenizer (its guesses are the model's
 tokens), the same prompt format and tasks, so it guesses what the model would say. It only has to be cheap and

@@ -32,6 +32,7 @@ from minillm.engine.engine import Engine
 from minillm.engine.generate import generate
 from minillm.engine.request import Request
 from minillm.engine.scheduler import Plan, PlanError
+from minillm.layers import LayeredEngine
 from minillm.model.transformer import Transformer
 
 EXERCISES = os.environ.get("MINILLM_EXERCISES", "lessons.exercises")
@@ -221,7 +222,7 @@ def expected_reply(model: Transformer, prompt_ids: tuple[int, ...], max_new_toke
 
 def serve(model, scheduler, requests, max_steps: int = 2000, **cfg) -> Engine:
     """Run the real engine with `scheduler` until every request is done (or max_steps)."""
-    engine = Engine(model, scheduler, EngineConfig(max_len=model.cfg.max_seq_len, **cfg))
+    engine = LayeredEngine(model, scheduler, EngineConfig(max_len=model.cfg.max_seq_len, **cfg))
     for r in requests:
         engine.submit(r)
     try:
@@ -244,7 +245,7 @@ def assert_served_everyone(engine: Engine, requests: list[Request], blame: str =
         f"(still waiting: {[r.id for r in engine.waiting]}); does {blame} admit whenever it may?"
     )
     for r in requests:
-        expected = expected_reply(engine.model, tuple(r.prompt_ids), r.max_new_tokens, r.ignore_eos)
+        expected = expected_reply(engine.runner.model, tuple(r.prompt_ids), r.max_new_tokens, r.ignore_eos)
         assert r.output_ids == expected, (
             f"{r.id}: its reply differs from the plain no-cache loop's: {first_difference(expected, r.output_ids)}"
         )
@@ -391,7 +392,7 @@ def run_seed_story(scheduler, judge, steps: int | None = None) -> dict[str, Requ
     steps = steps or max(n for *_, n in SEED_STORY) + 1
     model = stand_in_model(1024)  # no computation: it never says EOS, and each story reply's cap is its length
     requests = seed_story()
-    engine = Engine(model, Referee(scheduler, judge), EngineConfig(slots=SEED_STORY_SLOTS, max_len=1024))
+    engine = LayeredEngine(model, Referee(scheduler, judge), EngineConfig(slots=SEED_STORY_SLOTS, max_len=1024))
     for r in requests:
         engine.submit(r)
     try:

@@ -27,10 +27,10 @@ import pytest
 
 from lessons import fairness
 from minillm.config import EngineConfig
-from minillm.engine.engine import Engine
 from minillm.engine.request import Request
 from minillm.engine.scheduler import ContinuousScheduler, KVSpace, Plan
-from minillm.engine.trace import Trace
+from minillm.layers import LayeredEngine
+from minillm.layers.trace import Trace
 from minillm.model.tokenizer import EOS, encode_prompt
 from minillm.runs.metrics import per_request
 from tests.lessons.harness import (
@@ -105,7 +105,7 @@ def real_trace() -> Trace:
         Request("hung-up", encode_prompt("count down from 20"), 60, arrival_step=6),  # aborted mid-reply
     ]
     cfg = EngineConfig(slots=4, kv="paged", num_blocks=7, block_size=16)
-    engine = Engine(shipped_model(), ContinuousScheduler(), cfg)
+    engine = LayeredEngine(shipped_model(), ContinuousScheduler(), cfg)
     for r in requests:
         engine.submit(r)
     hung_up = requests[-1]
@@ -126,7 +126,7 @@ def describe(trace: Trace, rid: str) -> str:
 
 def served_alone(*requests: Request) -> Trace:
     """A small run of its own: the shipped model, two seats."""
-    engine = Engine(shipped_model(), ContinuousScheduler(), EngineConfig(slots=2))
+    engine = LayeredEngine(shipped_model(), ContinuousScheduler(), EngineConfig(slots=2))
     for r in requests:
         engine.submit(r)
     return engine.run(max_steps=50)
@@ -205,7 +205,7 @@ def fcfs_ttfts() -> dict[str, int]:
 
 def first_token_steps(make_scheduler, crowd: list[Request]) -> dict[str, int]:
     cfg = EngineConfig(slots=fairness.SEATS, kv="contiguous", max_len=256)  # as lessons/fairness.py serves them
-    engine = Engine(fairness.stand_in_model(), make_scheduler(), cfg)
+    engine = LayeredEngine(fairness.stand_in_model(), make_scheduler(), cfg)
     for r in crowd:
         engine.submit(r)
     return {r.id: r.first_token_step for r in engine.run().requests}

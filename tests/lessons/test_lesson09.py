@@ -27,6 +27,7 @@ from minillm.engine.blocks import BlockAllocator, BlockPoolExhausted, block_key
 from minillm.engine.engine import Engine
 from minillm.engine.request import Request
 from minillm.engine.scheduler import ContinuousScheduler
+from minillm.layers import LayeredEngine
 from tests.lessons.harness import CHECKS, expected_reply, first_difference, implementations, small_model, student_module
 
 lesson = pytest.mark.lesson09  # your code's checks: pytest -m lesson09
@@ -556,7 +557,7 @@ def check_engine(Allocator, budget: int, num_blocks: int | None) -> Engine:
     model, requests = small_model("gqa"), shared_prefix_crowd()
     cfg = EngineConfig(slots=4, kv="paged", block_size=4, num_blocks=num_blocks, prefix_caching=True,
                        max_len=model.cfg.max_seq_len)  # fmt: skip
-    engine = Engine(model, ContinuousScheduler(token_budget=budget), cfg)
+    engine = LayeredEngine(model, ContinuousScheduler(token_budget=budget), cfg)
     engine.cache.allocator = Allocator(engine.cache.num_blocks, 4)
     for r in requests:
         engine.submit(r)

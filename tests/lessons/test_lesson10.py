@@ -25,6 +25,7 @@ from minillm.config import EngineConfig
 from minillm.engine.engine import Engine
 from minillm.engine.request import Request, State
 from minillm.engine.scheduler import ContinuousScheduler, StaticScheduler
+from minillm.layers import LayeredEngine
 from minillm.serving.serve_loop import ServeLoop
 from minillm.serving.token_stream import TokenStream
 from tests.lessons.harness import CHECKS, expected_reply, first_difference, implementations, small_model, stub
@@ -52,7 +53,7 @@ def engine_for(slots: int, token_budget: int | None = None, num_blocks: int | No
                policy=ContinuousScheduler) -> Engine:  # fmt: skip
     model = small_model("gqa")
     cfg = EngineConfig(slots=slots, kv=kv, block_size=4, num_blocks=num_blocks, max_len=model.cfg.max_seq_len)
-    return Engine(model, policy(token_budget=token_budget), cfg)
+    return LayeredEngine(model, policy(token_budget=token_budget), cfg)
 
 
 def call(abort, engine: Engine, r: Request | str, where: str, reason: str | None = None):
@@ -134,7 +135,7 @@ def run_to_the_end(engine: Engine, requests: list[Request], situation: str = "")
     )
     for r in requests:
         if r.finish_reason == "length":
-            want = expected_reply(engine.model, tuple(r.prompt_ids), r.max_new_tokens, True)
+            want = expected_reply(engine.runner.model, tuple(r.prompt_ids), r.max_new_tokens, True)
             assert r.output_ids == want, f"{about}{r.id}'s reply went wrong: {first_difference(want, r.output_ids)}"
     assert engine.cache.free_blocks == engine.cache.num_blocks, (
         f"after the run {engine.cache.num_blocks - engine.cache.free_blocks} KV blocks are still held: an "
@@ -382,7 +383,7 @@ def check_in_the_serve_loop(abort) -> None:
     assert free[0] == free[1] and not free[2], f"after every stream ended: {free[1] - free[0]} KV blocks still held"
     for r in requests:
         if ends[r.id] != "aborted":
-            want = expected_reply(engine.model, tuple(r.prompt_ids), r.max_new_tokens, True)
+            want = expected_reply(engine.runner.model, tuple(r.prompt_ids), r.max_new_tokens, True)
             assert r.output_ids == want, f"{r.id}, served beside the aborts: {first_difference(want, r.output_ids)}"
 
 

@@ -18,6 +18,7 @@ from __future__ import annotations
 import functools
 import math
 import re
+from dataclasses import replace
 from unittest import mock
 
 import numpy as np
@@ -25,12 +26,11 @@ import pytest
 import torch
 
 from minillm.config import EngineConfig, Sampling
-from minillm.engine import sampler
-from minillm.engine.engine import Engine
 from minillm.engine.request import Request
 from minillm.engine.scheduler import ContinuousScheduler
 from minillm.grammar import compile_regex, compile_schema
 from minillm.grammar.automaton import DEAD, Dfa
+from minillm.layers import LayeredEngine, sampling
 from minillm.model.tokenizer import EOS, SEP, SPECIAL_NAMES, VOCAB_SIZE, decode
 from tests.lessons.harness import CHECKS, case, first_difference, implementations, small_model, stub
 from tests.lessons.harness import student_module as student
@@ -47,7 +47,7 @@ def reference_walk(moves, state, tokens):
     return Dfa(moves, np.zeros(len(moves), dtype=bool)).walk(state, tokens)
 
 
-reference_keep_or_resample = sampler.rejection_rule  # the engine's own rule, its random numbers given: u and draw
+reference_keep_or_resample = sampling.rejection_rule  # the engine's own rule, its random numbers given: u and draw
 
 
 @pytest.fixture(params=implementations(lesson))
@@ -458,7 +458,7 @@ def test_the_tokens_the_rule_leaves_are_distributed_as_p(keep_or_resample):
 
 # --- inside the real engine -----------------------------------------------------------------------------------------
 class YourAutomaton(Dfa):
-    """A compiled pattern whose mask and walk are yours: the engine asks it at every step (engine/constrain.py)."""
+    """A compiled pattern whose mask and walk are yours: the engine asks it at every step (layers/constrain.py)."""
 
     def __init__(self, dfa: Dfa, allowed_tokens, walk):
         super().__init__(dfa.moves.copy(), dfa.accepting.copy(), dfa.pattern)
@@ -503,7 +503,7 @@ ENGINE_RUNS = {
 def serve(requests, **how):
     model = small_model("gqa")
     draft = noisy_draft() if how.get("speculate") and how.get("drafter", "model") == "model" else None
-    engine = Engine(
+    engine = LayeredEngine(
         model, ContinuousScheduler(), EngineConfig(slots=4, max_len=model.cfg.max_seq_len, **how), draft=draft
     )
     for r in requests:
@@ -516,9 +516,9 @@ def constrained_crowd(automaton=None) -> list[Request]:
     requests = []
     for i, (name, make) in enumerate(list(CONSTRAINTS.items()) * 2):
         dfa = make() if automaton is None else YourAutomaton(make(), *automaton)
-        sampling = Sampling(temperature=1.0, seed=i) if i >= len(CONSTRAINTS) else Sampling()
+        how = Sampling(temperature=1.0, seed=i) if i >= len(CONSTRAINTS) else Sampling()
         prompt = [257] + [(11 * i + j) % 256 for j in range(3 + 4 * (i % 3))]
-        requests.append(Request(f"r{i}", prompt, 40, constraint=dfa, sampling=sampling, prompt=name))
+        requests.append(Request(f"r{i}", prompt, 40, sampling=replace(how, constraint=dfa), prompt=name))
     return requests + [Request("free", [257, 40, 41, 42], 12, ignore_eos=True)]
 
 
@@ -539,7 +539,7 @@ def check_engine_automaton(allowed_tokens, walk, run: str) -> None:
         how = f"inside the engine, {run}: {r.id} ({r.prompt or 'no constraint'}, " + (
             "sampled)" if r.sampling.temperature else "greedy)"
         )
-        if r.constraint is not None:
+        if r.sampling.constraint is not None:
             own = CONSTRAINTS[r.prompt]()
             state = own.walk(0, r.output_ids)
             assert state != DEAD and (r.finish_reason != "eos" or own.accepts(state)), (
@@ -557,7 +557,7 @@ def check_engine_automaton(allowed_tokens, walk, run: str) -> None:
 
 
 def engine_rule(rule):
-    """Your rule in sampler.rejection_rule's place: the engine gives it this position's u and draw, and the draw
+    """Your rule in sampling.rejection_rule's place: the engine gives it this position's u and draw, and the draw
     checks that it is handed a distribution."""
 
     def settle(p, q, guess, u, draw):
@@ -580,33 +580,34 @@ RULE_RUNS = {  # name: (the engine's switches, the requests)
     ),
     "sampled replies in a pattern, speculating with prompt lookup (certain guesses: q is None)": (
         dict(speculate=3, drafter="ngram"),
-        lambda: [Request(f"n{i}", [257, *b"abbaabab"], 30, constraint=compile_regex("(ab|ba){3,10}"),
-                         sampling=Sampling(temperature=1.0, seed=20 + i)) for i in range(4)],
+        lambda: [Request(f"n{i}", [257, *b"abbaabab"], 30,
+                         sampling=Sampling(temperature=1.0, seed=20 + i, constraint=compile_regex("(ab|ba){3,10}")))
+                 for i in range(4)],
     ),
 }  # fmt: skip
 
 
-def serve_rule_run(run: str, rule=None) -> list[Request]:
-    """The run's requests, served with `rule` in the engine's place (None: the engine's own)."""
+def serve_rule_run(run: str, rule=None):
+    """The run's requests, served with `rule` in the engine's place (None: the engine's own), and the run's trace."""
     how, make = RULE_RUNS[run]
     requests = make()
     if rule is None:
-        serve(requests, **how)
+        trace = serve(requests, **how)
     else:
-        with mock.patch.object(sampler, "rejection_rule", engine_rule(rule)):
-            serve(requests, **how)
-    return requests
+        with mock.patch.object(sampling, "rejection_rule", engine_rule(rule)):
+            trace = serve(requests, **how)
+    return requests, trace
 
 
 @functools.cache
-def engines_own_samples(run: str) -> list[Request]:
+def engines_own_samples(run: str):
     return serve_rule_run(run)
 
 
 def check_engine_rule(rule, run: str) -> None:
     with case(f"inside the engine, {run}"):
-        requests = serve_rule_run(run, rule)
-    for mine, own in zip(requests, engines_own_samples(run)):
+        requests, _ = serve_rule_run(run, rule)
+    for mine, own in zip(requests, engines_own_samples(run)[0]):
         assert mine.output_ids == own.output_ids, (
             f"inside the engine, {run}: {mine.id}: {first_difference(own.output_ids, mine.output_ids)} (the engine's "
             "own rule, with the same random numbers, gives another token: yours keeps or replaces a guess differently)"
@@ -633,8 +634,9 @@ def test_the_cases_are_what_their_names_say():
     anything, _ = automaton_of("any-text")
     assert (anything[:, [EOS % 256, SEP % 256]] != DEAD).all(), "any text must move on bytes 2 and 3"
     for run in RULE_RUNS:
-        requests = engines_own_samples(run)
-        verified, kept = sum(r.drafts_verified for r in requests), sum(r.drafts_accepted for r in requests)
+        requests, trace = engines_own_samples(run)
+        records = [trace.request(r.id) for r in requests]
+        verified, kept = sum(r.drafts_verified for r in records), sum(r.drafts_accepted for r in records)
         assert 0 < kept < verified, f"{run}: guesses must be kept and rejected ({kept} of {verified} kept)"
     for run in ENGINE_RUNS:
         replies, allowed = engines_own(run)

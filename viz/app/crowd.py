@@ -17,8 +17,8 @@ from minillm.card import whatif
 from minillm.card.hardware import get_device
 from minillm.card.modelspec import load_spec
 from minillm.card.simulate import MAX_NUM_SEQS, SimulatedRunner
-from minillm.engine.trace import Trace
 from minillm.errors import MinillmError
+from minillm.layers.trace import Trace
 from minillm.runs.run import workload_engine
 from minillm.runs.workload import ALL_WORKLOADS, SIMULATED_WORKLOADS, ChatKnobs
 from viz.app import playback, presenter

@@ -2,8 +2,8 @@
 
     replicas  two engines, each with its own seats, KV pool and prefix cache; a router sends each arrival to one by a
               policy of serving/routing.py (round robin, least loaded, cache aware over the replicas' real block keys)
-    pair      a prefill engine and a decode engine: every request goes to the first with handoff=True; after its first
-              token its prompt's KV is copied to the second (engine.handover.hand_over), which decodes the rest
+    pair      a prefill engine and a decode engine: every request goes to the first, marked for hand-over; after its
+              first token its prompt's KV is copied to the second (layers.handover.hand_over), which decodes the rest
 
 Every engine steps at every step of the fleet (an idle one records an empty step), so a step number is the same moment
 in each engine's trace and the step player shows them on one time axis. A request handed over in step t joins the
@@ -18,11 +18,11 @@ from __future__ import annotations
 
 from minillm.card.fleet import work_in_hand
 from minillm.config import EngineConfig
-from minillm.engine.engine import Engine
-from minillm.engine.handover import hand_over
 from minillm.engine.request import Request
 from minillm.engine.scheduler import ContinuousScheduler
-from minillm.engine.trace import Trace
+from minillm.layers import LayeredEngine
+from minillm.layers.handover import hand_over
+from minillm.layers.trace import Trace
 from minillm.runs.workload import ChatKnobs, make_workload
 from minillm.serving.routing import ROUTES, ReplicaView, prompt_keys, shareable
 
@@ -30,7 +30,7 @@ REPLICAS = 2
 ROLES = {"replicas": ["replica"] * REPLICAS, "pair": ["prefill", "decode"]}
 
 
-def engines_for(settings: dict, model) -> list[Engine]:
+def engines_for(settings: dict, model) -> list[LayeredEngine]:
     """The fleet's engines: the step player's settings for each (paged KV, continuous batching)."""
     roles = ROLES[settings["fleet"]]
     cfg = EngineConfig(slots=settings["slots"], kv="paged", block_size=settings["block_size"],
@@ -42,7 +42,7 @@ def engines_for(settings: dict, model) -> list[Engine]:
     for i, role in enumerate(roles):
         books = {"routed": {}} if role == "replica" else {}  # (filled in as the router sends it requests)
         policy = ContinuousScheduler(token_budget=settings["token_budget"])
-        engines.append(Engine(model, policy, cfg, meta=meta | {"role": role, "engine": i} | books))
+        engines.append(LayeredEngine(model, policy, cfg, meta=meta | {"role": role, "engine": i} | books))
     return engines
 
 
@@ -59,7 +59,7 @@ def run(settings: dict, model) -> list[Trace]:
     return [engine.trace() for engine in engines]
 
 
-def serve_replicas(engines: list[Engine], requests: list[Request], policy, block_size: int) -> None:
+def serve_replicas(engines: list[LayeredEngine], requests: list[Request], policy, block_size: int) -> None:
     """Route each arrival when it comes (the router sees each replica's load and every block key its prefix cache
     holds), then step every replica; until all are done."""
     arrivals = sorted(requests, key=lambda r: r.arrival_step)[::-1]  # (a stack: the next arrival last)
@@ -78,13 +78,13 @@ def serve_replicas(engines: list[Engine], requests: list[Request], policy, block
         step += 1
 
 
-def serve_pair(prefill: Engine, decode: Engine, requests: list[Request]) -> None:
+def serve_pair(prefill: LayeredEngine, decode: LayeredEngine, requests: list[Request]) -> None:
     """Prompts on one engine, replies on the other: after both have stepped, every request that made its first token
     on the prefill engine goes to the decode engine with its prompt's keys and values."""
     for request in requests:
-        request.handoff = True
+        prefill.handover.mark(request)
         prefill.submit(request)
-    while prefill.has_work() or prefill.handed or decode.has_work():
+    while prefill.has_work() or prefill.held or decode.has_work():
         prefill.step()
         decode.step()
         hand_over(prefill, decode)

@@ -20,8 +20,8 @@ import json
 
 import streamlit as st
 
-from minillm.engine.trace import Trace
 from minillm.errors import MinillmError
+from minillm.layers.trace import Trace
 from viz.app import presenter, trace_store
 from viz.app.playback import Transport, play
 from viz.app.trace_files import exports
@@ -145,7 +145,7 @@ def setup(run: dict, players: list[FleetPlayer]) -> str:
     crowd = f"{run['workload']} ({run['knobs']['requests'] if run['knobs'] else 8} users)"
     how = (f"the router ({run['route'].replace('-', ' ')}) sends each arrival to one; the band under a request's seats "
            "says why" if run["fleet"] == "replicas" else "after its first token each request's prompt KV is copied "
-           "to the decode engine (engine/handover.py), marked in both charts in the request's colour")  # fmt: skip
+           "to the decode engine (layers/handover.py), marked in both charts in the request's colour")  # fmt: skip
     return (f"A fleet in this process, stepping together: {engines} of the tiny model, {pool}, serving {crowd}; "
             f"{how}.")  # fmt: skip
 

@@ -17,7 +17,7 @@ from collections import deque
 import httpx
 import streamlit as st
 
-from minillm.engine.trace import Trace
+from minillm.layers.trace import Trace
 from minillm.runs import trace_file
 from viz.app import presenter
 from viz.app.playback import png_html

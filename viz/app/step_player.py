@@ -15,8 +15,8 @@ import streamlit as st
 import torch
 
 from minillm.engine.scheduler import DEFAULT_TOKEN_BUDGET
-from minillm.engine.trace import Trace
 from minillm.errors import MinillmError
+from minillm.layers.trace import Trace
 from minillm.model.checkpoint import load_model
 from minillm.runs.metrics import one_user_left
 from minillm.runs.workload import SEED_STORY_SLOTS, WORKLOADS

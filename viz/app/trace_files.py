@@ -9,7 +9,7 @@ import json
 
 import streamlit as st
 
-from minillm.engine.trace import Trace
+from minillm.layers.trace import Trace
 from minillm.runs import trace_file
 from viz import plot_occupancy
 from viz.app import presenter

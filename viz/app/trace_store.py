@@ -27,6 +27,7 @@ import os
 import subprocess
 import sys
 import time
+from dataclasses import replace
 from functools import cache
 from pathlib import Path
 
@@ -34,8 +35,8 @@ import torch
 
 import minillm
 from minillm.card.calibrate import cache_dir
-from minillm.engine.trace import Trace
 from minillm.grammar import compile_regex
+from minillm.layers.trace import Trace
 from minillm.runs.run import workload_engine
 from minillm.runs.workload import ChatKnobs
 from viz.app import fleet_run
@@ -137,7 +138,7 @@ def run(job: Job, model) -> Run:
     if constrained:
         for r in engine.requests[1::2]:  # (submitted, not yet arrived: the engine applies a mask from its first pick)
             if r.finish_reason is None and not r.ignore_eos:  # (a constrained reply must be able to end)
-                r.constraint = compile_regex(NUMBERS)
+                r.sampling = replace(r.sampling, constraint=compile_regex(NUMBERS))
     return engine.run()
 
 

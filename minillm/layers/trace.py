@@ -9,6 +9,10 @@ ran, tokens it produced], so a long run on a card with 256 seats stays small; `S
 the familiar one-entry-per-seat view. Version 3 adds speculative decoding: a row that checked draft
 tokens may produce several tokens in a step, and the step records the guesses and how many were kept.
 (Versions 1 and 2 are upgraded by runs/trace_file.py.)
+
+Seam: after the step. Recorder is the observer that keeps a StepRecord of every step the engine
+takes (engine.Step says what it did; the other layers' additions are read from them: the tokens a
+pattern allowed, the guesses checked), before the step's finished requests free their KV.
 """
 
 from __future__ import annotations
@@ -18,6 +22,8 @@ from copy import copy
 from dataclasses import MISSING, asdict, dataclass, field
 from pathlib import Path
 
+from minillm.engine.engine import Step
+from minillm.engine.paged_books import PagedKVBooks
 from minillm.engine.request import Request
 
 FORMAT, VERSION = "minillm-trace", 3
@@ -123,8 +129,10 @@ class Trace:
 
 def request_record(r: Request) -> RequestRecord:
     """The request's fields of the same names (lists copied: a live request's reply keeps growing)."""
-    fields = RequestRecord.__dataclass_fields__
-    return RequestRecord(**{name: copy(getattr(r, name)) for name in fields})
+    return RequestRecord(**{name: copy(getattr(r, name)) for name in SHARED_FIELDS})
+
+
+SHARED_FIELDS = [name for name in RequestRecord.__dataclass_fields__ if name in Request.__dataclass_fields__]
 
 
 STEP_DEFAULTS = {name: f.default for name, f in StepRecord.__dataclass_fields__.items() if f.default is not MISSING}
@@ -149,53 +157,79 @@ def _known(kind, data: dict) -> dict:
     return {k: v for k, v in data.items() if k in kind.__dataclass_fields__}  # extra fields are welcome
 
 
-# --- what an engine records (engine.py calls these: its loop stays a loop) ----------------------------------------
+# --- what an engine records ----------------------------------------------------------------------------------------
 WAITING_RECORDED = 100  # ids of the queue's head recorded per step (the length is always recorded)
 
 
-def step_record(engine, plan, rows, kinds, made: dict[str, int], finished, batch, begin: float) -> StepRecord:
+class Recorder:
+    """The observer that keeps the trace: a StepRecord per step, then the run's Trace on demand."""
+
+    def __init__(self, engine, sampler=None, speculation=None):
+        self.records: list[StepRecord] = []
+        self.sampler, self.speculation = sampler, speculation
+        engine.observers.append(self.observe)
+
+    def observe(self, engine, step: Step) -> None:
+        record = step_record(engine, step)
+        if self.sampler is not None:
+            record.allowed = self.sampler.allowed  # (constrained rows: how many tokens they could pick)
+        if self.speculation is not None:
+            record.drafts = {rid: draft for rid, (draft, _) in self.speculation.verified.items()}
+            record.accepted = {rid: n for rid, (_, n) in self.speculation.verified.items()}
+        self.records.append(record)
+
+
+def step_record(engine, step: Step) -> StepRecord:
     """The step the engine just took: who sat where doing what, the queue, the KV memory as the forward used it."""
-    ran = {r.id: n for r, n in rows}
-    occupants = {s: r for s, r in enumerate(engine.seats) if r is not None}
+    ran = {r.id: n for r, n in step.rows}
     seats = []
-    for seat in sorted(occupants):
-        r = occupants[seat]
+    for seat, r in enumerate(engine.seats):
+        if r is None:
+            continue
         if r.id in ran:
-            seats.append([seat, r.id, kinds[r.id], ran[r.id], made.get(r.id, 0)])
+            seats.append([seat, r.id, step.kinds[r.id], ran[r.id], step.made.get(r.id, 0)])
         else:
             seats.append([seat, r.id, "held" if r.is_finished else "stalled", 0, 0])
-    live = {r.seat: r for r in engine.running() + finished}  # (finished this step: their KV is not freed yet)
-    cache, verified, now = engine.cache, engine.speculator.verified, engine.clock.now()
+    live = {r.seat: r for r in engine.running() + step.finished}  # (finished this step: their KV is not freed yet)
+    cache, now, caching = engine.cache, engine.clock.now(), engine.cfg.prefix_caching
+    alloc = cache.allocator if caching else None
     record = StepRecord(
-        step=engine.step_no,
+        step=step.number,
         num_seats=engine.cfg.slots,
         seats=seats,
         waiting=[r.id for _, r in zip(range(WAITING_RECORDED), engine.waiting)],
         num_waiting=len(engine.waiting),
-        admitted=[r.id for r in plan.admit],
-        finished=[r.id for r in finished],
-        preempted=[r.id for r in plan.preempt],
-        tokens=sum(made.values()),
-        padding_rows=batch.padding_rows,
+        admitted=[r.id for r in step.plan.admit],
+        finished=[r.id for r in step.finished],
+        preempted=[r.id for r in step.plan.preempt],
+        tokens=step.tokens,
+        padding_rows=step.batch.padding_rows,
         kv_blocks_used=cache.blocks_in_use(list(live)),
         kv_blocks_total=cache.num_blocks,
-        kv_cached_blocks=cache.cached_free_blocks,
+        kv_cached_blocks=alloc.num_cached_free if caching else 0,
         kv_tokens_stored=cache.stored_tokens,
-        wall_s=round(now - begin, 9),  # nanoseconds are plenty, and keep a long trace's JSON short
+        wall_s=round(now - step.begin, 9),  # nanoseconds are plenty, and keep a long trace's JSON short
         time_s=round(now, 9),
-        drafts={rid: draft for rid, (draft, _) in verified.items()},
-        accepted={rid: n for rid, (_, n) in verified.items()},
-        allowed=batch.allowed,  # (constrained rows: how many tokens their masks allowed)
     )
     if engine.cfg.record_blocks:
-        tables = cache.block_map(sorted(live))
+        tables = block_map(cache, sorted(live))
         record.kv_tables = {live[s].id: t for s, t in tables.items()}
         record.kv_tokens = {r.id: cache.seat_tokens(s) for s, r in live.items()}
-        record.kv_cached_free = cache.cached_free_block_ids()
+        # free blocks that still hold a keyed prefix, least recently freed first (the next reused)
+        record.kv_cached_free = [b for b in alloc.free_blocks if b in alloc.key_of] if caching else []
     return record
 
 
-def run_trace(engine) -> Trace:
+def block_map(cache, seats: list[int]) -> dict[int, list[int]]:
+    """Blocks of memory each seat holds: a paged seat's block table; a contiguous seat's whole row
+    (cut into blocks for drawing), however few tokens it stores."""
+    if isinstance(cache, PagedKVBooks):
+        return {s: list(cache.allocator.tables.get(s, [])) for s in seats}
+    per = cache.blocks_per_seat
+    return {s: list(range(s * per, (s + 1) * per)) for s in seats}
+
+
+def run_trace(engine, records: list[StepRecord]) -> Trace:
     """The whole run so far: the engine's settings, every request's fate, every step."""
     cfg, scheduler = engine.cfg, engine.scheduler
     config = {
@@ -209,11 +243,17 @@ def run_trace(engine) -> Trace:
         "prefix_caching": cfg.prefix_caching,
         "prefix_cache_events": dict(engine.cache.allocator.events) if cfg.prefix_caching else None,
         "speculate": cfg.speculate,
-        "drafter": getattr(engine.speculator.drafter, "name", None),
         "device": str(engine.device),
         "clock": getattr(engine.clock, "name", "wall"),
         "model": engine.meta.get("model", "minillm"),
         "workload": engine.meta.get("workload", "custom"),
         "seed": engine.meta.get("seed"),
     } | {k: v for k, v in engine.meta.items() if k not in ("model", "workload", "seed")}
-    return Trace(config=config, requests=[request_record(r) for r in engine.requests], steps=list(engine.records))
+    requests = [request_record(r) for r in engine.requests]
+    by_id = {r.id: r for r in requests}
+    for step in records:  # each request's checked guesses, summed from its steps
+        for rid, draft in step.drafts.items():
+            if (record := by_id.get(rid)) is not None:
+                record.drafts_verified += len(draft)
+                record.drafts_accepted += step.accepted[rid]
+    return Trace(config=config, requests=requests, steps=list(records))

@@ -1,0 +1,20 @@
+"""Features on the core's seams (engine/engine.py names them). Read after the core, in lesson order:
+
+sampling.py    pick: temperature, top-k, top-p, each request's own seeded streams, logprobs
+speculate.py   lookahead: guesses checked in the same forward, the wrong ones rolled back (lesson 11)
+drafters.py    ... who guesses: prompt lookup, or a small draft model with a cache of its own
+handover.py    each token + admit with KV: prefill on one engine, decode on another (lesson 13)
+constrain.py   pick: a pattern's mask on each row's logits (lesson 14)
+books.py       after the step: the KV books checked every step (debug)
+reference.py   the one-user loop with every pick rule: what a layered engine must match
+engine.py      LayeredEngine: the core's loop with each layer plugged in, what the rest of minillm runs
+
+No core file imports this folder: the core runs greedy on its own (tests/test_architecture.py).
+"""
+
+from minillm.layers.engine import LayeredEngine
+from minillm.layers.handover import HandOver, export, hand_over, handed_copy
+from minillm.layers.reference import generate
+from minillm.layers.sampling import Sampler
+
+__all__ = ["HandOver", "LayeredEngine", "Sampler", "export", "generate", "hand_over", "handed_copy"]

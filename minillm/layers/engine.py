@@ -1,0 +1,56 @@
+"""The engine everything above the core serves with: the core's loop, each layer on its seam.
+
+    pick           Sampler (sampling.py): temperature, top-k/p, seeds, logprobs, a pattern's mask
+                   (constrain.py), the rejection rule
+    lookahead      Speculation (speculate.py, drafters.py), when cfg.speculate asks for it
+    each token     HandOver (handover.py): a marked request leaves after its first token
+    after the step Recorder (trace.py): a StepRecord per step, the run's Trace; the Sampler's
+                   clean-up; the KV books checked (books.py) when cfg.debug
+
+Its step() returns the step's record and run() the trace, as the rest of minillm expects.
+"""
+
+from __future__ import annotations
+
+from minillm.config import EngineConfig
+from minillm.engine.engine import Engine
+from minillm.engine.scheduler import Scheduler
+from minillm.layers.books import check_books
+from minillm.layers.drafters import drafter_for
+from minillm.layers.handover import HandOver
+from minillm.layers.sampling import Sampler
+from minillm.layers.speculate import Speculation
+from minillm.layers.trace import Recorder, StepRecord, Trace, run_trace
+
+
+class LayeredEngine(Engine):
+    def __init__(self, model, scheduler: Scheduler, cfg: EngineConfig | None = None, meta=None, draft=None):
+        """model: a Transformer, or any runner (a simulated card). draft: the draft model speculation guesses with
+        (cfg.speculate; default: the shipped one)."""
+        super().__init__(model, scheduler, cfg, meta)
+        self.sampler = self.picker = Sampler()
+        self.speculation: Speculation | None = None
+        if self.cfg.speculate:
+            drafter = drafter_for(self.cfg, self.runner, self.max_len, draft)
+            self.speculation = self.lookahead = Speculation(self.cfg.speculate, drafter, self.sampler)
+            self.meta.setdefault("drafter", drafter.name)
+        self.handover = HandOver(self)
+        self.recorder = Recorder(self, self.sampler, self.speculation)
+        self.observers.append(self.sampler.after_step)
+        if self.cfg.debug:
+            self.observers.append(check_books)
+
+    @property
+    def records(self) -> list[StepRecord]:
+        return self.recorder.records
+
+    def step(self) -> StepRecord:
+        super().step()
+        return self.records[-1]
+
+    def run(self, max_steps: int = 1_000_000, progress: bool = False) -> Trace:
+        super().run(max_steps, progress)
+        return self.trace()
+
+    def trace(self) -> Trace:
+        return run_trace(self, self.records)
