@@ -21,7 +21,10 @@ ROOT = Path(__file__).resolve().parent.parent
 PACKAGE = ROOT / "minillm"
 ROLES = {
     "model": "the tiny transformer",
-    "engine": "THE CORE: the loop, the policies, KV",
+    "engine": "THE CORE: loop, policies, KV, seams",
+    "layers": "features on the core's seams",
+    "grammar": "patterns compiled to automata",
+    "parallel": "one model split over ranks",
     "training": "tasks, and how the model learns them",
     "card": "a real model on a real card",
     "runs": "workloads in, traces and metrics out",

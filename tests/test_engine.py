@@ -16,7 +16,8 @@ COMBOS = [(s, kv) for s in (StaticScheduler, ContinuousScheduler) for kv in ("co
 
 
 def serve(model, scheduler_cls, kv, requests, **cfg):
-    engine = LayeredEngine(model, scheduler_cls(), EngineConfig(kv=kv, max_len=256, debug=True, **cfg))  # books every step
+    cfg = EngineConfig(kv=kv, max_len=256, debug=True, **cfg)  # books every step
+    engine = LayeredEngine(model, scheduler_cls(), cfg)
     for r in requests:
         engine.submit(r)
     return engine, engine.run(max_steps=2000)
@@ -160,7 +161,8 @@ def test_debug_mode_checks_the_allocator_every_step(monkeypatch):
     monkeypatch.setenv("MINILLM_DEBUG", "1")
     assert EngineConfig().debug, "MINILLM_DEBUG=1 turns the debug mode on"
     for debug in (False, True):
-        engine = LayeredEngine(model, ContinuousScheduler(), EngineConfig(slots=2, max_len=256, block_size=4, debug=debug))
+        cfg = EngineConfig(slots=2, max_len=256, block_size=4, debug=debug)
+        engine = LayeredEngine(model, ContinuousScheduler(), cfg)
         engine.submit(Request("a", [257] * 9, 4))
         engine.step()
         engine.cache.allocator.ref_counts[0] += 1  # the books broken between two steps

@@ -26,7 +26,8 @@ from tests.lessons.harness import crowd
 
 
 def serve(model, scheduler, requests, **cfg):
-    engine = LayeredEngine(model, scheduler, EngineConfig(max_len=256, debug=True, **cfg))  # the KV books checked every step
+    cfg = EngineConfig(max_len=256, debug=True, **cfg)  # the KV books checked every step
+    engine = LayeredEngine(model, scheduler, cfg)
     for r in requests:
         engine.submit(r)
     return engine, engine.run()

@@ -164,8 +164,8 @@ def test_version_1_files_still_load():
 def test_older_files_cached_prompt_tokens_read_as_prompt_tokens_from_cache():
     """Before prompt_tokens_from_cache, traces had cached_prompt_tokens: summed over a request's admissions, so it
     could pass the prompt after a preemption. It loads capped at the prompt, and the hit rate stays at most 1."""
-    engine = LayeredEngine(random_model("gqa"), ContinuousScheduler(), EngineConfig(slots=1, max_len=256, block_size=4,
-                                                                             prefix_caching=True))  # fmt: skip
+    cfg = EngineConfig(slots=1, max_len=256, block_size=4, prefix_caching=True)
+    engine = LayeredEngine(random_model("gqa"), ContinuousScheduler(), cfg)
     for i in range(3):
         engine.submit(Request(f"r{i}", [257] + list(range(20)) + [i], 2, ignore_eos=True))
     data = engine.run().to_dict()

@@ -73,7 +73,8 @@ def step_medians(runner, batches: list[int], repeats: int) -> dict[int, float]:
     """Median seconds of a decode step with `batch` rows, each holding about CONTEXT tokens."""
     medians = {}
     for batch in batches:
-        engine = LayeredEngine(runner, ContinuousScheduler(token_budget=0), EngineConfig(slots=batch, record_blocks=False))
+        cfg = EngineConfig(slots=batch, record_blocks=False)
+        engine = LayeredEngine(runner, ContinuousScheduler(token_budget=0), cfg)
         for i in range(batch):
             prompt = [257] + [(7 * i + j) % 256 for j in range(CONTEXT)]
             engine.submit(Request(f"u{i}", prompt, engine.max_len - len(prompt), ignore_eos=True))

@@ -21,8 +21,6 @@ from dataclasses import dataclass
 from importlib import metadata
 from pathlib import Path
 
-from minillm.layers import LayeredEngine
-
 ROOT = Path(__file__).resolve().parents[2]  # the repository: app.py, requirements.txt, lessons/
 MIN_PYTHON = (3, 11)
 CPU_TORCH = "pip install torch==2.13.0 --index-url https://download.pytorch.org/whl/cpu"  # PyTorch's CPU wheels
@@ -99,6 +97,7 @@ def check_engine() -> Result:
     from minillm.engine.generate import generate
     from minillm.engine.request import Request
     from minillm.engine.scheduler import ContinuousScheduler
+    from minillm.layers import LayeredEngine
     from minillm.model.checkpoint import load_model
     from minillm.model.tokenizer import encode_prompt
 

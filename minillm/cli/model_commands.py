@@ -11,8 +11,8 @@ from minillm.errors import ConfigError
 
 
 def cmd_generate(args: argparse.Namespace) -> None:
-    from minillm.engine.generate import generate
     from minillm.errors import InputError
+    from minillm.layers import generate  # (the one-user loop with every pick rule: temperature, top-k/p, seed)
     from minillm.model.checkpoint import load_model
     from minillm.model.tokenizer import decode, encode_prompt
     from minillm.training import tasks

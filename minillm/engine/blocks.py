@@ -179,10 +179,8 @@ class BlockAllocator:
                 self.extra_holds -= 1
 
     def truncate(self, seq: int, num_tokens: int) -> None:
-        """Keep `seq`'s first `num_tokens` tokens (a lookahead that was not kept goes). Blocks
-        past them return to the free list at once, last first. Only tokens past every keyed block
-        may go (those are someone's cached prefix): a lookahead's always are, since blocks get
-        keys only once their tokens are kept."""
+        """Keep `seq`'s first `num_tokens` tokens (a lookahead not kept goes); blocks past them are
+        free at once. Only tokens past every keyed block (someone's cached prefix) may go."""
         table, length = self.tables[seq], self.lengths[seq]
         keyed = self.hashed.get(seq, (0, b""))[0] * self.block_size
         if not keyed <= num_tokens <= length:
@@ -197,19 +195,22 @@ class BlockAllocator:
     def check(self) -> None:
         """Raise AssertionError if an invariant is broken (tests; the engine's debug mode)."""
         owners = Counter(block for table in self.tables.values() for block in table)
-        held = [owners[b] for b in range(self.num_blocks)]
-        assert held == self.ref_counts, "a block's ref count differs from the tables holding it"
+        counts_ok = [owners[b] for b in range(self.num_blocks)] == self.ref_counts
+        assert counts_ok, "a block's ref count differs from the number of tables holding it"
         free_ok = all((n == 0) == (b in self.free_blocks) for b, n in enumerate(self.ref_counts))
         assert free_ok, "free list is wrong"
         assert self.num_free + self.num_used == self.num_blocks
         for seq, table in self.tables.items():
-            assert len(table) == self.blocks_for(self.lengths[seq]), f"{seq}: wrong block count"
-            full = self.lengths[seq] // self.block_size
-            assert all(b not in self.key_of for b in table[full:]), f"{seq}: a partial block key"
-        assert self.extra_holds == sum(max(0, n - 1) for n in self.ref_counts), "extra_holds off"
+            count_ok = len(table) == self.blocks_for(self.lengths[seq])
+            assert count_ok, f"sequence {seq} has the wrong number of blocks"
+            keyed = any(b in self.key_of for b in table[self.lengths[seq] // self.block_size :])
+            assert not keyed, f"sequence {seq}: a partly filled block has a key"
+        assert self.extra_holds == sum(max(0, n - 1) for n in self.ref_counts), "extra_holds is off"
         copies = sum(map(len, self.block_of.values()))
         assert len(self.key_of) == copies, "the key table and the blocks' keys disagree"
         pairs = ((k, b) for k, blocks in self.block_of.items() for b in blocks or [None])
-        assert all(self.key_of.get(b) == k for k, b in pairs), "the key table and blocks disagree"
+        agree = all(self.key_of.get(b) == k for k, b in pairs)
+        assert agree, "the key table and the blocks disagree"
         assert self.prefix_caching or not self.key_of, "keys without prefix caching"
-        assert self.events["shared_writes"] == 0, "tokens were written into a shared or keyed block"
+        written = self.events["shared_writes"] == 0
+        assert written, "tokens were written into a block that is shared or keyed"

@@ -218,8 +218,7 @@ class Engine:
             self._computed(request, brought - start, "brought")
 
     def _claim(self, request: Request) -> None:
-        """Go on with cached blocks of its tokens (counted for the first admission only: a
-        re-admission mostly finds its own blocks again)."""
+        """Go on with cached blocks (counted once: a re-admission finds its own blocks again)."""
         before, prompt = request.num_computed, len(request.prompt_ids)
         request.num_computed += self.cache.claim_prefix(request.seat, request.tokens)
         if not request.preemptions:
@@ -259,8 +258,7 @@ class Engine:
         return True
 
     def _release(self, request: Request) -> None:
-        """A finished request gives back its KV, and its seat unless the policy holds it (a held
-        reason keeps both until release)."""
+        """Free its KV, and its seat unless the policy holds it (a held reason keeps both)."""
         if request.finish_reason in self.held_reasons:
             self.held.append(request)
             return

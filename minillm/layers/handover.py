@@ -69,35 +69,25 @@ def export(engine: Engine, request: Request) -> tuple[torch.Tensor, torch.Tensor
 
 def handed_copy(request: Request) -> Request:
     """What the decode engine is given: the request as it stands after its first token."""
-    fresh = dict(
-        state=State.WAITING,
-        seat=None,
-        num_computed=0,
-        finish_reason=None,
-        finish_step=None,
-        finish_s=None,
-        admit_step=None,
-        admit_order=-1,
-        first_token_step=None,
-        first_token_s=None,
-        preemptions=0,
-        prefill_tokens=0,
-        prompt_tokens_from_cache=0,
+    fresh = dict(state=State.WAITING, seat=None, num_computed=0, admit_order=-1, preemptions=0)
+    fresh |= dict.fromkeys(
+        ("finish_reason", "finish_step", "finish_s", "admit_step", "first_token_step", "first_token_s")
     )
+    fresh |= dict.fromkeys(("prefill_tokens", "prompt_tokens_from_cache"), 0)
     return replace(request, output_ids=list(request.output_ids), lookahead=[], **fresh)
 
 
-def hand_over(prefill: Engine, decode: Engine) -> list[Request]:
-    """Both engines in this process: every request the prefill engine handed over goes to the decode
-    engine, its KV copied from one pool to the other (a server's engines, in processes of their
-    own, send it: serving/)."""
+def hand_over(prefill, decode) -> list[Request]:
+    """Two LayeredEngines in this process: every request the prefill engine handed over goes to the decode
+    engine, its KV copied from one pool to the other, its logprobs so far from one sampler to the other (a
+    server's engines, in processes of their own, send them: serving/)."""
     moved = []
     for request in [r for r in prefill.held if r.finish_reason == HANDED_OVER]:
         copy = handed_copy(request)
         kv = export(prefill, request)
-        logprobs = getattr(prefill.picker, "logprobs", {}).get(request.id)
+        logprobs = prefill.sampler.logprobs.pop(request.id, None)
         if logprobs is not None:  # the reply's logprobs so far go with it
-            decode.picker.logprobs[copy.id] = list(logprobs)
+            decode.sampler.logprobs[copy.id] = logprobs
         prefill.release(request)
         decode.submit(copy, kv=kv)
         moved.append(copy)

@@ -243,6 +243,7 @@ def run_trace(engine, records: list[StepRecord]) -> Trace:
         "prefix_caching": cfg.prefix_caching,
         "prefix_cache_events": dict(engine.cache.allocator.events) if cfg.prefix_caching else None,
         "speculate": cfg.speculate,
+        "drafter": engine.meta.get("drafter"),
         "device": str(engine.device),
         "clock": getattr(engine.clock, "name", "wall"),
         "model": engine.meta.get("model", "minillm"),

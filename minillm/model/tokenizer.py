@@ -26,10 +26,9 @@ def decode(ids: list[int]) -> str:
 
 def encode_prompt(prompt: str, preamble: str | None = None) -> list[int]:
     """The chat format the model was trained on: <bos> prompt <sep>, or <bos> preamble <sep>
-    prompt <sep>. The preamble (a system prompt, which the model learned to ignore) comes first,
-    so requests that share it share the token prefix <bos> preamble <sep>: what a prefix cache can
-    reuse. SEP, not a newline, ends it because no text can contain SEP: the boundary is unambiguous
-    whatever the preamble says. An empty preamble counts as none."""
+    prompt <sep>. The preamble (a system prompt the model learned to ignore) comes first, so
+    requests that share it share a token prefix a prefix cache can reuse; SEP ends it, which no
+    text can contain. An empty preamble counts as none."""
     if not preamble:
         return [BOS, *encode(prompt), SEP]
     return [BOS, *encode(preamble), SEP, *encode(prompt), SEP]

@@ -218,8 +218,8 @@ class ServeLoop(LoopHandle):
         if listener is not None:
             self.outbox.append((listener.stream, Event("done", detail=reason)))
 
-    def _receive(self, request: Request, logprobs: list | None = None) -> None:
-        self.receiver(request, logprobs)  # (a decode engine: disaggregate.py)
+    def _receive(self, request: Request, logprobs: list | None = None) -> None:  # (a decode engine: disaggregate.py)
+        self.receiver(request, logprobs)
 
     def _ask(self, question: Callable[[Engine], object], answer: Future) -> None:
         try:
@@ -242,8 +242,7 @@ class ServeLoop(LoopHandle):
     def _hand_out(self, record) -> None:
         """Give every request that made a token this step (or finished) its new tokens, and their logprobs when
         asked (the sampler keeps them by request id, one per token of the reply, a handed-over one's included)."""
-        made = [entry[1] for entry in record.seats if entry[4]]
-        kept = self.engine.sampler.logprobs
+        made, kept = [entry[1] for entry in record.seats if entry[4]], self.engine.sampler.logprobs
         for request_id in dict.fromkeys(made + record.finished):
             listener = self.listeners.get(request_id)
             if listener is None:

@@ -459,9 +459,9 @@ def test_the_two_victims_crowd_needs_two_victims_in_one_step():
         "from minillm.engine.scheduler import ContinuousScheduler as MyContinuousScheduler\n",
         "from minillm.engine.scheduler import Plan, admit_in_order\nclass MyContinuousScheduler: pass\n",
         "import minillm.engine.scheduler as s\nclass MyContinuousScheduler(s.ContinuousScheduler): pass\n",
-        "from minillm.engine import scheduler\nclass MyContinuousScheduler(scheduler.ContinuousScheduler): pass\n"
-        "from minillm.engine import SCHEDULERS, Plan\nclass MyContinuousScheduler: pass\n"
-        "from minillm.engine import ContinuousScheduler\nclass MyContinuousScheduler(ContinuousScheduler): pass\n"
+        "from minillm.engine import scheduler\nclass MyContinuousScheduler(scheduler.ContinuousScheduler): pass\n",
+        "from minillm.engine import SCHEDULERS, Plan\nclass MyContinuousScheduler: pass\n",
+        "from minillm.engine import ContinuousScheduler\nclass MyContinuousScheduler(ContinuousScheduler): pass\n",
     ],
 )
 def test_a_policy_borrowed_from_the_reference_is_refused(source, tmp_path, monkeypatch):

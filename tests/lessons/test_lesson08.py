@@ -280,7 +280,7 @@ def diagnose(running, waiting, free_seats, budget, got, expected) -> str:
     return "the plan differs from the rules"
 
 
-BOOKS = ("num_computed", "output_ids", "draft", "state", "seat", "admit_order", "arrival_step", "prompt_ids")
+BOOKS = ("num_computed", "output_ids", "lookahead", "state", "seat", "admit_order", "arrival_step", "prompt_ids")
 
 
 def books(requests: list[Request]) -> dict[str, tuple]:
