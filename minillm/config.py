@@ -125,7 +125,7 @@ SAMPLING_LIMITS = {
     "top_p": (False, math.ulp(0), 1, "in (0, 1] (1: no cut)"),
     "top_k": (True, 0, math.inf, ">= 0 (0: no cut)"),
     "seed": (True, 0, 2**64 - 1, ">= 0"),
-    "logprobs": (True, 0, 5, "from 0 to 5 (the likely tokens listed beside the chosen one)"),
+    "logprobs": (True, 0, 20, "from 0 to 20 (the likely tokens listed beside the chosen one; OpenAI's range)"),
 }
 
 

@@ -52,7 +52,7 @@ def error_of(response: httpx.Response, status: int, param: str | None = None) ->
 
 # --- sampling --------------------------------------------------------------------------------------
 def test_a_seeded_request_gets_the_same_reply_as_the_plain_loop_whatever_runs_beside_it(server, client, shipped_model):
-    ask = {"temperature": 3.0, "top_p": 0.95, "top_k": 40, "seed": 11, "max_tokens": 24, "return_token_ids": True}
+    ask = {"temperature": 2.0, "top_p": 0.95, "top_k": 40, "seed": 11, "max_tokens": 24, "return_token_ids": True}
     alone = chat(client, server, "spell 90210", **ask).json()["choices"][0]["token_ids"]
     with client.stream("POST", f"{server.url}/chat/completions",
                        json={"messages": [{"role": "user", "content": "count down from 50"}], "stream": True,
@@ -60,11 +60,14 @@ def test_a_seeded_request_gets_the_same_reply_as_the_plain_loop_whatever_runs_be
         next(busy.iter_lines())  # another sampled request runs beside it
         beside = chat(client, server, "spell 90210", **ask).json()["choices"][0]["token_ids"]
     ids = encode_prompt("spell 90210")
-    plain = generate(shipped_model, ids, 24, temperature=3.0, top_p=0.95, top_k=40, seed=11, use_cache=False).tokens
+    plain = generate(shipped_model, ids, 24, temperature=2.0, top_p=0.95, top_k=40, seed=11, use_cache=False).tokens
     assert alone == beside == plain
-    other = chat(client, server, "spell 90210", **ask | {"seed": 12}).json()["choices"][0]["token_ids"]
+    # (at OpenAI's highest temperature, 2, this model is too sure of its spelling for top_p 0.95 to leave a choice)
+    flat = ask | {"top_p": 1.0}
+    one, other = (chat(client, server, "spell 90210", **flat | {"seed": s}).json()["choices"][0]["token_ids"]
+                  for s in (11, 12))  # fmt: skip
     greedy = chat(client, server, "spell 90210", max_tokens=24, return_token_ids=True).json()["choices"][0]
-    assert other != alone and greedy["token_ids"] == generate(shipped_model, ids, 24, use_cache=False).tokens
+    assert other != one and greedy["token_ids"] == generate(shipped_model, ids, 24, use_cache=False).tokens
 
 
 BAD_SAMPLING = [("temperature", "hot"), ("temperature", -0.1), ("temperature", True), ("top_p", 0), ("top_p", 1.5),
@@ -146,10 +149,26 @@ def test_completion_logprobs_and_streamed_logprobs(server, client):
     assert tokens == content and content
 
 
-def test_top_logprobs_needs_logprobs_and_at_most_5(server, client):
+def test_top_logprobs_needs_logprobs_and_lies_in_openais_ranges(server, client, shipped_model):
+    """Chat's top_logprobs: 0-20 (OpenAI's range); completions' legacy logprobs: 0-5."""
     error_of(chat(client, server, top_logprobs=2), 400, param="top_logprobs")
-    error_of(chat(client, server, logprobs=True, top_logprobs=6), 400, param="top_logprobs")
+    assert "from 0 to 20" in error_of(chat(client, server, logprobs=True, top_logprobs=21), 400, param="top_logprobs")
     error_of(client.post(f"{server.url}/completions", json={"prompt": "x", "logprobs": 9}), 400, param="logprobs")
+    error_of(client.post(f"{server.url}/completions", json={"prompt": "x", "logprobs": 6}), 400, param="logprobs")
+    reply = chat(client, server, "spell 7", logprobs=True, top_logprobs=20, max_tokens=3, return_token_ids=True)
+    choice = reply.json()["choices"][0]
+    prompt, made = encode_prompt("spell 7"), choice["token_ids"]
+    with torch.no_grad():
+        want = shipped_model(torch.tensor([prompt + made]))[0].float().log_softmax(-1)[len(prompt) - 1 :]
+    assert len(choice["logprobs"]["content"]) == len(made) == 3
+    for entry, row in zip(choice["logprobs"]["content"], want):
+        assert len(entry["top_logprobs"]) == 20
+        assert [t["logprob"] for t in entry["top_logprobs"]] == pytest.approx(row.topk(20).values.tolist(), abs=1e-4)
+
+
+def test_temperature_above_openais_range_is_a_400_naming_it(server, client):
+    assert "from 0 to 2" in error_of(chat(client, server, temperature=2.5), 400, param="temperature")
+    assert chat(client, server, "spell 4", temperature=2, max_tokens=3, seed=1).status_code == 200
 
 
 # --- what the server cannot do: refused, never dropped ------------------------------------------------
@@ -160,7 +179,7 @@ REFUSED = {"echo": True, "tools": [{"type": "function", "function": {"name": "f"
 
 @pytest.mark.parametrize("field", REFUSED)
 def test_an_option_this_server_cannot_honour_is_a_400_naming_it(server, client, field):
-    endpoint = "completions" if field in ("echo", "best_of", "suffix") else "chat/completions"
+    endpoint = "completions" if field in ("best_of", "suffix") else "chat/completions"  # (echo: completions' only)
     body = {"prompt": "spell 4"} if endpoint == "completions" else {"messages": [{"role": "user", "content": "hi"}]}
     message = error_of(client.post(f"{server.url}/{endpoint}", json=body | {field: REFUSED[field]}), 400, param=field)
     assert field in message
@@ -234,7 +253,10 @@ PLAUSIBLE = {"model": st.sampled_from(["minillm", "other"]), "max_tokens": st.in
              "seed": st.integers(-5, 2**70), "stop": st.text(max_size=3) | st.lists(st.text(max_size=3), max_size=5),
              "stream": st.booleans(), "logprobs": st.booleans() | st.integers(-1, 7),
              "top_logprobs": st.integers(-1, 7), "n": st.integers(0, 2), "ignore_eos": st.booleans(),
-             "stream_options": st.fixed_dictionaries({"include_usage": st.booleans()}), "echo": st.booleans(),
+             "stream_options": st.fixed_dictionaries({"include_usage": st.booleans()},
+                                                     optional={"continuous_usage_stats": st.booleans(),
+                                                               "include_obfuscation": st.booleans()}),
+             "echo": st.booleans(),
              "presence_penalty": st.floats(0, 1)}  # fmt: skip
 
 
@@ -252,7 +274,11 @@ def with_options(required: dict) -> st.SearchStrategy:
 message = st.fixed_dictionaries({"role": st.sampled_from(["user", "user", "system", "assistant", "bot"]),
                                  "content": some(st.text(min_size=1, max_size=30))})  # fmt: skip
 junk = st.dictionaries(st.text(max_size=6), json_values, max_size=4) | json_values
-completion_bodies = st.one_of(*[with_options({"prompt": some(st.text(min_size=1, max_size=40))})] * 3, junk)
+token_ids = st.lists(st.integers(-2, 262), min_size=1, max_size=40)  # (the vocabulary: 0-259)
+prompts = (
+    st.text(min_size=1, max_size=40) | token_ids | st.lists(st.text(min_size=1, max_size=20) | token_ids, max_size=3)
+)
+completion_bodies = st.one_of(*[with_options({"prompt": some(prompts)})] * 3, junk)
 chat_bodies = st.one_of(*[with_options({"messages": some(st.lists(message, min_size=1, max_size=3))})] * 3, junk)
 
 

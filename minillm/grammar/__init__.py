@@ -11,24 +11,26 @@ import functools
 import json
 
 from minillm.grammar.automaton import Dfa
-from minillm.grammar.json_schema import any_object, schema_regex
+from minillm.grammar.json_schema import MAX_DEPTH, SchemaError, any_object, schema_regex
+from minillm.grammar.regex import MAX_PATTERN
 
-MAX_PATTERN = 20_000  # characters of a pattern (a schema's regex included): beyond it, refused with the limit
+__all__ = ["MAX_PATTERN", "Dfa", "compile_json_object", "compile_regex", "compile_schema"]
 
 
 @functools.lru_cache(maxsize=64)
 def compile_regex(pattern: str) -> Dfa:
-    """The automaton of `pattern` (kept: the same pattern twice is compiled once)."""
-    from minillm.grammar.regex import RegexError
-
-    if len(pattern) > MAX_PATTERN:
-        raise RegexError(f"the pattern is {len(pattern):,} characters; the limit is {MAX_PATTERN:,}")
+    """The automaton of `pattern` (kept: the same pattern twice is compiled once); RegexError past a limit
+    (regex.parse checks the length first)."""
     return Dfa.from_regex(pattern)
 
 
 def compile_schema(schema: dict) -> Dfa:
     """The automaton of the JSON texts `schema` allows (json_schema.py says which schemas)."""
-    return _compiled_schema(json.dumps(schema))  # (the key keeps the order: properties come in it)
+    try:
+        key = json.dumps(schema)  # (the key keeps the order: properties come in it)
+    except RecursionError:  # (nested thousands deep: schema_regex would refuse it at MAX_DEPTH)
+        raise SchemaError(f"the schema is nested more than {MAX_DEPTH} levels deep, the limit is {MAX_DEPTH}") from None
+    return _compiled_schema(key)
 
 
 @functools.lru_cache(maxsize=64)

@@ -18,8 +18,18 @@ import torch
 from minillm.grammar.regex import RegexError, parse
 from minillm.model.tokenizer import EOS, VOCAB_SIZE
 
-MAX_STATES = 2_000  # a DFA this big is a pattern written to hurt: refused with the limit (a JSON schema's is < 300)
+MAX_STATES = 2_000  # a DFA this big is a pattern written to hurt: refused with the limit (a JSON schema's is < 600)
+# The subset construction's work: positions of the pattern (NFA states) visited, summed over the DFA states it
+# builds. A DFA state can hold thousands of positions at once ((a?){100} nested twice: 116 s and 11 GB before this
+# limit), so the count of states alone does not bound the time or memory. json_object, the largest pattern minillm
+# writes itself, needs about 0.3 million; this many is about a second of a loaded core.
+MAX_WORK = 2_000_000
 DEAD = -1  # no move: the byte is not allowed here
+
+
+def too_much_work() -> RegexError:
+    return RegexError(f"the pattern is too large: building its automaton takes more than {MAX_WORK:,} steps, the "
+                      f"limit is {MAX_WORK:,} (optional repeats inside repeats multiply them)")  # fmt: skip
 
 
 def too_large() -> RegexError:
@@ -86,14 +96,14 @@ class Nfa:
         self.empty[end].append(out)
         return start, out
 
-    def closure(self, states) -> frozenset[int]:
+    def closure(self, states) -> set[int]:
         seen, todo = set(states), list(states)
         while todo:
             for target in self.empty[todo.pop()]:
                 if target not in seen:
                     seen.add(target)
                     todo.append(target)
-        return frozenset(seen)
+        return seen
 
 
 def byte_classes(nfa: Nfa) -> list[list[int]]:
@@ -107,24 +117,42 @@ def byte_classes(nfa: Nfa) -> list[list[int]]:
 
 
 def subsets(nfa: Nfa, start: int, accept: int) -> tuple[np.ndarray, np.ndarray]:
-    """The subset construction: (moves (S, 256) int, DEAD for none; accepting (S,) bool), state 0 the start."""
+    """The subset construction: (moves (S, 256) int, DEAD for none; accepting (S,) bool), state 0 the start.
+
+    A DFA state is kept as the NFA states in it that matter: those with a move, and the accepting one (the others,
+    reached only to pass their empty moves on, change nothing about its future). The work (MAX_WORK) and the count
+    of states (five times MAX_STATES: minimizing merges many) are checked as it grows."""
     classes = byte_classes(nfa)
-    first = nfa.closure([start])
+    class_of = {b: c for c, members in enumerate(classes) for b in members}
+    of_set = {byte_set: sorted({class_of[b] for b in byte_set}) for moves in nfa.moves for byte_set, _ in moves}
+    table = [[(c, target) for byte_set, target in moves for c in of_set[byte_set]] for moves in nfa.moves]
+    # (per NFA state: (byte class, target) for each of its moves)
+    work = 0
+
+    def kept(states) -> frozenset[int]:
+        nonlocal work
+        members = nfa.closure(states)
+        work += len(members)
+        if work > MAX_WORK:
+            raise too_much_work()
+        return frozenset(s for s in members if table[s] or s == accept)
+
+    first = kept([start])
     index, order, rows = {first: 0}, [first], []
     while len(rows) < len(order):
-        moves = [move for s in order[len(rows)] for move in nfa.moves[s]]
+        reached: dict[int, set[int]] = {}
+        for s in order[len(rows)]:
+            for c, target in table[s]:
+                reached.setdefault(c, set()).add(target)
         row = np.full(256, DEAD, dtype=np.int64)
-        for members in classes:
-            reached = {target for byte_set, target in moves if members[0] in byte_set}
-            if not reached:
-                continue
-            state = nfa.closure(reached)
+        for c, targets in sorted(reached.items()):  # (in byte-class order: states numbered as they always were)
+            state = kept(targets)
             if state not in index:
                 if len(order) >= 5 * MAX_STATES:
                     raise too_large()
                 index[state] = len(order)
                 order.append(state)
-            row[members] = index[state]
+            row[classes[c]] = index[state]
         rows.append(row)
     return np.stack(rows), np.array([accept in s for s in order])
 

@@ -1,17 +1,25 @@
 """A regular expression -> a syntax tree over bytes, by hand (no `re`: its automaton is hidden inside C).
 
 minillm's tokens are bytes (model/tokenizer.py), so a pattern is read as a set of byte strings: each character class
-is a set of bytes, a literal non-ASCII character the bytes of its UTF-8. The subset (what JSON schemas need):
+is a set of bytes, a character beyond ASCII the bytes of its UTF-8. The subset (what JSON schemas need):
 
-    literals and escapes   a  \\.  \\\\  \\n  \\t  \\xHH  \\d  \\w  \\s  (\\D \\W \\S)
+    literals and escapes   a  é  \\.  \\\\  \\n  \\t  \\d  \\w  \\s  (\\D \\W \\S)
+    characters by number   \\xHH  \\uXXXX  \\UXXXXXXXX   (as in Python's re: \\xe9 is é, written as its UTF-8 bytes)
+    any non-ASCII char     \\P{ASCII}   (any character beyond ASCII, as valid UTF-8 only; Python's `regex` module
+                           reads it alike, `re` has no such escape: minillm's extension, which JSON strings use)
     classes                [abc]  [a-z0-9_]  [^"\\\\]  and `.` (any ASCII character but a newline)
     repeats                *  +  ?  {m}  {m,}  {m,n}
     choice and groups      a|b  (ab)  (?:ab)
     anchors                ^ at the start and $ at the end are accepted: a pattern always matches a whole reply
 
-A negated class and `.` stand for ASCII characters (bytes 0-127): a reply the tiny model writes is ASCII, and a
-set of single bytes cannot describe the multi-byte characters beyond it. Anything else (lazy repeats, lookaround,
-backreferences, named groups) is a RegexError naming it: a constraint is never silently weaker than its pattern.
+A class is a set of single bytes, so it holds ASCII characters only; a negated class and `.` stand for ASCII
+characters (bytes 0-127): a reply the tiny model writes is mostly ASCII; write \\P{ASCII} (or the character itself,
+outside a class) for the others. Anything else (lazy repeats, lookaround, backreferences, named groups, a repeat of
+a repeat) is a RegexError naming it: a constraint is never silently weaker than its pattern.
+
+Limits, each checked as the pattern is read (so a pattern costs no more than they allow): MAX_PATTERN characters,
+MAX_REPEAT copies in {m,n}, MAX_NESTING groups inside one another (the parser and the automaton's
+construction recurse once per level: a deeper pattern would exhaust Python's stack, a 500 instead of a 400).
 
 The tree: ("set", frozenset of bytes) | ("seq", [trees]) | ("alt", [trees]) | ("repeat", tree, low, high or None).
 """
@@ -32,7 +40,33 @@ SPACE = frozenset(b" \t\n\r\f\v\x1c\x1d\x1e\x1f")  # (as Python's str patterns r
 CLASS_ESCAPES = {"d": DIGITS, "w": WORD, "s": SPACE, "D": ASCII - DIGITS, "W": ASCII - WORD, "S": ASCII - SPACE}
 CHAR_ESCAPES = {"n": "\n", "t": "\t", "r": "\r", "f": "\f", "v": "\v", "0": "\0"}
 MAX_REPEAT = 256  # the largest m or n in {m,n}: each copy is states in the automaton
+MAX_PATTERN = 20_000  # characters of a pattern (a schema's regex included): beyond it, refused with the limit
+# groups inside one another. Each level is a few frames of recursion here and in the automaton's
+# construction (Nfa.build): 64 levels stay far below Python's 1,000 frames, from any thread; a JSON schema nested
+# json_schema.MAX_DEPTH (32) deep needs fewer (an object adds no group, an array two, its doubling stops it sooner).
+MAX_NESTING = 64
 EMPTY = ("seq", [])
+HEX = "0123456789abcdefABCDEF"
+
+
+def non_ascii():
+    """Any character beyond ASCII, as its UTF-8 bytes: exactly the valid sequences (RFC 3629: no overlong forms,
+    no surrogates, nothing past U+10FFFF), so a reply held to it is always valid UTF-8."""
+
+    def span(low, high):
+        return ("set", frozenset(range(low, high + 1)))
+
+    tail = span(0x80, 0xBF)
+    return ("alt", [
+        ("seq", [span(0xC2, 0xDF), tail]),
+        ("seq", [span(0xE0, 0xE0), span(0xA0, 0xBF), tail]),
+        ("seq", [span(0xE1, 0xEC), tail, tail]),
+        ("seq", [span(0xED, 0xED), span(0x80, 0x9F), tail]),
+        ("seq", [span(0xEE, 0xEF), tail, tail]),
+        ("seq", [span(0xF0, 0xF0), span(0x90, 0xBF), tail, tail]),
+        ("seq", [span(0xF1, 0xF3), tail, tail, tail]),
+        ("seq", [span(0xF4, 0xF4), span(0x80, 0x8F), tail, tail]),
+    ])  # fmt: skip
 
 
 def literal(text: str):
@@ -42,7 +76,12 @@ def literal(text: str):
 
 class Parser:
     def __init__(self, pattern: str):
-        self.pattern, self.at = pattern, 0
+        self.pattern, self.at, self.depth = pattern, 0, 0
+
+    def deeper(self):
+        self.depth += 1
+        if self.depth > MAX_NESTING:
+            self.fail(f"groups are nested more than {MAX_NESTING} deep, the limit is {MAX_NESTING}")
 
     def fail(self, what: str):
         raise RegexError(f"regex {self.pattern!r}, at position {self.at}: {what}")
@@ -79,14 +118,16 @@ class Parser:
         return items[0] if len(items) == 1 else ("seq", items)
 
     def repeat(self, tree):
-        while self.peek() in ("*", "+", "?", "{"):
-            char = self.take()
-            low, high = {"*": (0, None), "+": (1, None), "?": (0, 1)}.get(char) or self.braces()
-            if self.peek() in ("?", "+"):
-                self.fail(f"lazy or possessive repeats ({char}{self.peek()}) are not supported: a constraint has no "
-                          "preference between matches")  # fmt: skip
-            tree = ("repeat", tree, low, high)
-        return tree
+        if self.peek() not in ("*", "+", "?", "{"):
+            return tree
+        char = self.take()
+        low, high = {"*": (0, None), "+": (1, None), "?": (0, 1)}.get(char) or self.braces()
+        if self.peek() in ("?", "+"):
+            self.fail(f"lazy or possessive repeats ({char}{self.peek()}) are not supported: a constraint has no "
+                      "preference between matches")  # fmt: skip
+        if self.peek() in ("*", "{"):
+            self.fail("a repeat of a repeat (multiple repeat, as Python's re says): put the first in a group, (a*)*")
+        return ("repeat", tree, low, high)
 
     def braces(self) -> tuple[int, int | None]:
         """{m}, {m,} or {m,n}, the opening brace already taken."""
@@ -110,9 +151,11 @@ class Parser:
                 self.at += 2
             elif self.peek() == "?":
                 self.fail("only (?:...) groups are supported (no lookaround, flags or named groups)")
+            self.deeper()
             tree = self.alternation()
             if self.take() != ")":
                 self.fail("a '(' is never closed")
+            self.depth -= 1
             return tree
         if char == "[":
             return ("set", self.char_class())
@@ -135,12 +178,21 @@ class Parser:
             self.fail("the pattern ends in a lone backslash")
         if char in CLASS_ESCAPES:
             return ("set", CLASS_ESCAPES[char])
-        if char == "x":
-            digits = self.pattern[self.at : self.at + 2]
-            if len(digits) != 2 or any(c not in "0123456789abcdefABCDEF" for c in digits):
-                self.fail("\\x takes two hex digits, e.g. \\x41")
-            self.at += 2
-            return ("set", frozenset([int(digits, 16)]))
+        if char in ("x", "u", "U"):  # a character by its number, as in Python's re (\\xe9 is é: its UTF-8)
+            size = {"x": 2, "u": 4, "U": 8}[char]
+            digits = self.pattern[self.at : self.at + size]
+            if len(digits) != size or any(c not in HEX for c in digits):
+                self.fail(f"\\{char} takes {size} hex digits, e.g. \\{char}{'41'.zfill(size)}")
+            self.at += size
+            code = int(digits, 16)
+            if code > 0x10FFFF or 0xD800 <= code <= 0xDFFF:
+                self.fail(f"\\{char}{digits} is no character UTF-8 can write (a surrogate, or past U+10FFFF)")
+            return literal(chr(code))
+        if char == "P" and self.pattern.startswith("{ASCII}", self.at):
+            if in_class:
+                self.fail("\\P{ASCII} inside a class: classes hold ASCII characters; write (\\P{ASCII}|[...])")
+            self.at += len("{ASCII}")
+            return non_ascii()
         if char in CHAR_ESCAPES:
             return literal(CHAR_ESCAPES[char])
         if char.isalnum():
@@ -174,7 +226,10 @@ class Parser:
             tree = self.escape(in_class=True)
             if tree[0] == "set":
                 return set(tree[1])
-            return set().union(*(byte for _, byte in tree[1]))  # a one-character escape (\n, \.): its byte
+            if len(tree[1]) != 1:  # (\xe9, \u00e9: a character beyond ASCII, two bytes or more)
+                self.fail("a character beyond ASCII in a class: classes hold ASCII characters (a byte each); write "
+                          "it outside one, or \\P{ASCII} for any of them")  # fmt: skip
+            return set(tree[1][0][1])  # a one-character escape (\n, \.): its byte
         if ord(char) > 127:
             self.fail(f"{char!r} in a class: classes hold ASCII characters (a byte each); write it outside one")
         return {ord(char)}
@@ -184,4 +239,6 @@ def parse(pattern: str):
     """The pattern's tree (module docstring); RegexError for anything outside the subset."""
     if not isinstance(pattern, str):
         raise RegexError(f"a regex is a string, got {type(pattern).__name__}")
+    if len(pattern) > MAX_PATTERN:
+        raise RegexError(f"the pattern is {len(pattern):,} characters; the limit is {MAX_PATTERN:,}")
     return Parser(pattern).parse()

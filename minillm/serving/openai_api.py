@@ -9,6 +9,8 @@
 Every handler runs on the event loop, where waiting is free: a request is handed to the engine (a
 ServeLoop on a thread, or an EngineProcess), then the handler awaits its token stream. The engine
 never waits for the handler, so a thousand open streams cost it nothing but one message per step.
+The body is read by openai_protocol.py and openai_prompts.py, echo's prompt scored by openai_echo.py, and the
+engine's streams made into the reply's choices, whole or streamed, by openai_choices.py.
 
 Limits come before work: a body over max_body_bytes is refused (413) before it is read, a prompt
 longer than the context before it is tokenized, and a constraint (response_format, regex) is compiled on
@@ -36,14 +38,16 @@ from fastapi.exceptions import RequestValidationError
 from fastapi.responses import JSONResponse, PlainTextResponse, Response, StreamingResponse
 from starlette.exceptions import HTTPException
 
-from minillm.serving.openai_output import DONE, FINISH_REASONS, ReplyText, chunk, reply, sse, usage
-from minillm.serving.openai_protocol import ApiError, Ask, parse_chat, parse_completion, parse_json, to_request
+from minillm.serving.openai_choices import Choices
+from minillm.serving.openai_echo import echo_only, echoes_of, eos_row
+from minillm.serving.openai_output import choice, reply, usage
+from minillm.serving.openai_prompts import parse_chat, parse_completion, to_request
+from minillm.serving.openai_protocol import ApiError, Ask, parse_json
 from minillm.serving.openai_structured import constraint_for, warm, with_pattern
 from minillm.serving.serve_loop import RETRY_AFTER_S, LoopHandle
 from minillm.serving.token_stream import AsyncTokenStream, Event
 
 ALIVE_CHECK_S = 5.0  # while waiting for the engine's first word, check this often that it still runs
-HANG_UP_CHECK_S = 0.5  # while a whole (not streamed) reply is being made, check this often that the client waits
 MAX_BODY_BYTES = 1_000_000  # a request is a prompt and a few settings: a megabyte is plenty
 
 
@@ -144,23 +148,42 @@ def make_app(loop: LoopHandle, model: str = "minillm", max_body_bytes: int = MAX
     async def generate(ask: Ask, http: Request) -> Response:
         if app.state.draining:
             raise ApiError("the server is shutting down: send this request elsewhere or later", status=503)
-        rid = f"r{next(ids)}"
-        request = to_request(ask, rid, loop.max_len)
+        asks = ask.each()  # several prompts (completions): one engine request each, a choice each
+        requests = [to_request(one, f"r{next(ids)}", loop.max_len) for one in asks]  # (all checked before any goes)
         constraint = await constraint_for(ask)  # (response_format or regex: a 400 here if it cannot be)
-        request.sampling = replace(request.sampling, constraint=constraint)  # (it travels in the sampling)
-        stream = AsyncTokenStream(asyncio.get_running_loop())
-        loop.submit(request, stream)
-        first = await first_word(stream)
-        if first.kind == "refused":
-            raise ApiError(first.detail, status=first.status, code="queue_full" if first.status == 429 else None)
-        if first.kind == "done":  # (the engine died, or the server stopped it, before it took the request)
-            raise ApiError(f"the engine could not take the request ({first.detail})", status=503)
-        app.state.in_flight.add(rid)
-        prompt_tokens = len(request.prompt_ids)
+        echoes, scores = await echoes_of(loop, ask, requests)
+        prompt_tokens = sum(len(request.prompt_ids) for request in requests)
+        if ask.max_tokens == 0:  # (echo: the prompt scored, nothing made; the engine only answered a question)
+            if ask.stream:
+                events = echo_only(ask, model, requests, echoes, prompt_tokens)
+                return StreamingResponse(events, media_type="text/event-stream", headers={"Cache-Control": "no-cache"})
+            choices = [choice(ask, i, [], "", "length", [], echo) for i, echo in enumerate(echoes)]
+            return Json(reply(ask, requests[0].id, model, choices, usage(prompt_tokens, 0)))
+        streams, rids = [], [request.id for request in requests]
+        try:
+            for request in requests:
+                request.sampling = replace(request.sampling, constraint=constraint)  # (it travels in the sampling)
+                stream = AsyncTokenStream(asyncio.get_running_loop())
+                loop.submit(request, stream)
+                streams.append(stream)
+                first = await first_word(stream)
+                if first.kind == "refused":
+                    code = "queue_full" if first.status == 429 else None
+                    raise ApiError(first.detail, status=first.status, code=code)
+                if first.kind == "done":  # (the engine died, or the server stopped it, before it took the request)
+                    raise ApiError(f"the engine could not take the request ({first.detail})", status=503)
+                app.state.in_flight.add(request.id)
+        except BaseException:
+            for rid in rids[: len(streams)]:  # the prompts taken before one was refused: their seats go back
+                loop.abort(rid)
+                app.state.in_flight.discard(rid)
+            raise
+        eos = [eos_row(loop, ask, r, s) for r, s in zip(requests, scores)]
+        replies = Choices(loop, model, app.state.in_flight, ask, asks, rids, streams, prompt_tokens, echoes, eos)
         if ask.stream:
-            events = stream_reply(ask, rid, stream, prompt_tokens)
+            events = replies.stream()
             return StreamingResponse(events, media_type="text/event-stream", headers={"Cache-Control": "no-cache"})
-        return Json(await whole_reply(ask, rid, stream, prompt_tokens, http))
+        return Json(await replies.whole(http))
 
     async def first_word(stream: AsyncTokenStream) -> Event:
         while True:
@@ -169,76 +192,6 @@ def make_app(loop: LoopHandle, model: str = "minillm", max_body_bytes: int = MAX
             except TimeoutError:
                 if not loop.alive:
                     raise ApiError(f"the engine has stopped ({loop.error!r})", status=503) from None
-
-    async def pieces(ask: Ask, rid: str, stream: AsyncTokenStream):
-        """The reply as (text, tokens counted, tokens shown with their logprobs, finish reason or None, error)."""
-        text = ReplyText(ask.stop)
-        while True:
-            events = await stream.next_batch()  # all that piled up: a reader that fell behind sends one chunk
-            done = next((e for e in events if e.kind == "done"), None)
-            tokens = [t for e in events for t in e.tokens]
-            logprobs = [lp for e in events for lp in e.logprobs or ()] if ask.sampling.logprobs is not None else None
-            piece, counted, shown = text.add(tokens, logprobs, end=done is not None)
-            if text.stopped:
-                loop.abort(rid, "stop")  # its seat and KV blocks are free before the next step
-                yield piece, counted, shown, "stop", None
-                return
-            if done is None:
-                yield piece, counted, shown, None, None
-                continue
-            error = done.detail if done.detail.startswith("error") else None
-            yield piece, counted, shown, FINISH_REASONS.get(done.detail, done.detail), error
-            return
-
-    async def whole_reply(ask: Ask, rid: str, stream: AsyncTokenStream, prompt_tokens: int, http: Request) -> dict:
-        texts, tokens, shown, finished = [], [], [], False
-        watch = asyncio.create_task(hang_up_watch(http, rid))
-        try:
-            async for piece, counted, seen, finish, error in pieces(ask, rid, stream):
-                texts.append(piece)
-                tokens += counted
-                shown += seen
-                if finish is not None:
-                    finished = True
-                    if error:
-                        raise ApiError(f"the engine failed: {error}", status=503)  # (not the request's fault)
-                    counts = usage(prompt_tokens, len(tokens))
-                    return reply(ask, rid, model, tokens, "".join(texts), finish, counts, shown)
-        finally:
-            watch.cancel()
-            app.state.in_flight.discard(rid)
-            if not finished:  # cancelled (the server is stopping): free the request's seat
-                loop.abort(rid)
-
-    async def hang_up_watch(http: Request, rid: str) -> None:
-        """A whole reply sends nothing until it is done, so no failed send says the client left: ask now and then."""
-        while not await http.is_disconnected():
-            await asyncio.sleep(HANG_UP_CHECK_S)
-        loop.abort(rid)
-
-    async def stream_reply(ask: Ask, rid: str, stream: AsyncTokenStream, prompt_tokens: int):
-        made, finished = 0, False
-        try:
-            if ask.chat:
-                yield chunk(ask, rid, model, "", role=True)  # the assistant's turn begins (as OpenAI's first chunk)
-            async for piece, counted, shown, finish, error in pieces(ask, rid, stream):
-                made += len(counted)
-                if finish is None:  # (tokens with no text: half a character, a special token, a stop's start)
-                    if piece or (counted and ask.return_token_ids) or (shown and ask.sampling.logprobs is not None):
-                        yield chunk(ask, rid, model, piece, tokens=counted, shown=shown)
-                    continue
-                finished = True
-                if error:
-                    yield sse(ApiError(f"the engine failed: {error}", status=503).body())
-                else:
-                    yield chunk(ask, rid, model, piece, finish, tokens=counted, shown=shown)
-                    if ask.include_usage:
-                        yield chunk(ask, rid, model, None, counts=usage(prompt_tokens, made))
-                yield DONE
-        finally:
-            app.state.in_flight.discard(rid)
-            if not finished:  # the client hung up (Starlette cancelled us) or the server is stopping
-                loop.abort(rid)
 
     return app
 

@@ -1,18 +1,14 @@
 """The OpenAI API's requests: what a client may send, checked field by field, and the errors in between.
 
 vLLM, SGLang, TGI and minillm all speak this dialect, so one client (curl, the `openai` package,
-loadgen.py) talks to any of them. Two endpoints generate:
+loadgen.py) talks to any of them. Two endpoints generate, /v1/completions and /v1/chat/completions; their
+prompts (OpenAI's four shapes, chat's messages) are read by openai_prompts.py, the fields they share here.
 
-  POST /v1/completions        {"model", "prompt": "spell 42", "max_tokens", "stream", ...}: the prompt as raw text
-  POST /v1/chat/completions   {"model", "messages": [{"role": "system" | "user" | ..., "content"}], ...}
-
-Chat maps onto the tiny model's prompt format (tokenizer.encode_prompt): the system message becomes
-the preamble, the last user message the prompt; earlier turns are dropped (the model has no memory
-of a conversation, and it knows only its two tasks: "count down from N" and "spell N"). Completions
-send the prompt as it is, after <bos> (as vLLM does): the chat format is the chat endpoint's business.
-
-Sampling (temperature, top_p, top_k, seed), stop strings, logprobs and max_tokens are honoured. A field
-this server cannot honour (echo, tools, penalties, ...) is refused with a 400 that names it, never silently
+Sampling (temperature, top_p, top_k, seed), stop strings, logprobs and max_tokens are honoured, in OpenAI's
+ranges (temperature 0-2, chat's top_logprobs 0-20, completions' legacy logprobs 0-5). stream_options takes
+OpenAI's include_usage and include_obfuscation (accepted: there is nothing to pad on loopback) and vLLM's
+continuous_usage_stats (usage on every chunk, as benchmark clients such as guidellm ask). A field
+this server cannot honour (chat's echo, tools, penalties, ...) is refused with a 400 that names it, never silently
 dropped: a client that relies on it would get wrong answers without knowing. Such a field sent with the value
 that asks for nothing (null, false, 0, an empty list) is fine. Two extensions, as in vLLM: `ignore_eos` runs a
 reply to exactly max_tokens; `return_token_ids` adds each choice's new token ids as "token_ids" (the tests
@@ -25,15 +21,14 @@ openai_structured.py, on both endpoints, after the fields here.
 from __future__ import annotations
 
 import json
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 from minillm.config import Sampling, check_sampling
-from minillm.engine.request import Request
 from minillm.errors import InputError, MinillmError
-from minillm.model.tokenizer import BOS, encode, encode_prompt
 
 MAX_STOPS = 4  # stop strings per request (OpenAI's limit)
-MAX_TOP_LOGPROBS = 5
+MAX_TEMPERATURE = 2  # OpenAI's range is 0-2 (the engine itself takes any temperature >= 0)
+STREAM_OPTIONS = ("include_usage", "continuous_usage_stats", "include_obfuscation")
 BIG_NUMBER_DIGITS = 40  # a JSON integer longer than this is no count, seed or token of ours: refused, not parsed
 
 
@@ -54,7 +49,7 @@ class ApiError(MinillmError):
 class Ask:
     """One generation request, whichever endpoint it came through."""
 
-    prompt: str
+    prompt: str | list[int]  # text, or token ids (completions: sent to the model as they are)
     preamble: str | None = None
     max_tokens: int | None = None  # None: until EOS or the context is full
     stream: bool = False
@@ -66,6 +61,13 @@ class Ask:
     stop: tuple[str, ...] = ()
     pattern: str | None = None  # the regex the reply must match, None: any (openai_structured.with_pattern sets it)
     pattern_param: str = "response_format"  # the field that asked for it (an error names it)
+    continuous_usage: bool = False  # stream_options.continuous_usage_stats (vLLM's): usage on every chunk too
+    prompts: list | None = None  # completions with several prompts: all of them (prompt: the first), else None
+    echo: bool = False  # completions: the reply's text starts with the prompt (its logprobs too, when asked)
+
+    def each(self) -> list[Ask]:
+        """One Ask per prompt: the choices' order (a request with one prompt: itself)."""
+        return [replace(self, prompt=p, prompts=None) for p in self.prompts] if self.prompts else [self]
 
 
 # --- the body ------------------------------------------------------------------------------------
@@ -103,7 +105,7 @@ WHY_NOT = {"echo": "echo (the prompt back in the reply) is not supported",
            "n": "n must be 1: this server makes one reply per request"}  # fmt: skip
 COMMON = {"model", "max_tokens", "stream", "stream_options", "temperature", "top_p", "top_k", "seed", "stop",
           "ignore_eos", "return_token_ids", "user", "metadata", "service_tier", "response_format", "regex"}  # fmt: skip
-FIELDS = {"completions": COMMON | {"prompt", "logprobs"},
+FIELDS = {"completions": COMMON | {"prompt", "logprobs", "echo"},
           "chat": COMMON | {"messages", "max_completion_tokens", "logprobs", "top_logprobs"}}  # fmt: skip
 
 
@@ -121,14 +123,16 @@ def check_fields(body: dict, endpoint: str) -> dict:
     return {name: value for name, value in body.items() if value is not None}
 
 
-def _flag(body: dict, name: str) -> bool:
+def flag(body: dict, name: str) -> bool:
+    """A true/false field (absent: false)."""
     value = body.get(name, False)
     if not isinstance(value, bool):
         raise ApiError(f"{name} must be true or false, got {value!r}", param=name)
     return value
 
 
-def _whole(body: dict, name: str, low: int, high: float, what: str) -> int | None:
+def whole(body: dict, name: str, low: int, high: float, what: str) -> int | None:
+    """A whole-number field in [low, high] (absent: None); `what` says the range in its error."""
     value = body.get(name)
     if value is not None and (not isinstance(value, int) or isinstance(value, bool) or not low <= value <= high):
         raise ApiError(f"{name} must be a whole number {what}, got {value!r}", param=name)
@@ -162,93 +166,44 @@ def _sampling(body: dict, logprobs: int | None) -> Sampling:
                 check_sampling(name, body[name])
             except InputError as e:
                 raise ApiError(str(e), param=name) from None
+    if body.get("temperature", 0) > MAX_TEMPERATURE:
+        raise ApiError(f"temperature must be a number from 0 to {MAX_TEMPERATURE} (OpenAI's range; 0: greedy), got "
+                       f"{body['temperature']!r}", param="temperature")  # fmt: skip
     fields = {n: body[n] for n in ("temperature", "top_p", "top_k", "seed") if n in body}
     return Sampling(**fields, logprobs=logprobs)
 
 
-def _common(body: dict, model: str, prompt: str, chat: bool, logprobs: int | None, preamble: str | None = None) -> Ask:
+def _stream_options(body: dict) -> dict:
+    options = body.get("stream_options", {})
+    if not isinstance(options, dict) or set(options) - set(STREAM_OPTIONS):
+        raise ApiError(f"stream_options must be an object like {{\"include_usage\": true}}; it may hold "
+                       f"{', '.join(STREAM_OPTIONS)}, got {json.dumps(options, default=repr)[:80]}",
+                       param="stream_options")  # fmt: skip
+    for name in STREAM_OPTIONS:
+        if options.get(name) is not None and not isinstance(options[name], bool):
+            raise ApiError(f"stream_options.{name} must be true or false, got {options[name]!r}",
+                           param="stream_options")  # fmt: skip
+    return options
+
+
+def common_fields(body: dict, model: str, prompt: str | list[int], chat: bool, logprobs: int | None,
+                  preamble: str | None = None, least_tokens: int = 1) -> Ask:  # fmt: skip
+    """The Ask: the endpoint's prompt (openai_prompts.py) with the fields both endpoints share, each checked."""
     if not isinstance(body.get("model", model), str):
         raise ApiError(f"model must be a string, e.g. {model!r}", param="model")
     if body.get("model", model) != model:
         raise ApiError(f"the model {body['model']!r} does not exist here; this server serves {model!r} "
                        "(GET /v1/models lists it)", status=404, param="model", code="model_not_found")  # fmt: skip
-    if not prompt.strip():
+    if isinstance(prompt, str) and not prompt.strip():
         raise ApiError("the prompt is empty; ask e.g. 'count down from 12' or 'spell 4096'", param="prompt")
     name = "max_completion_tokens" if chat and "max_completion_tokens" in body else "max_tokens"
-    max_tokens = _whole(body, name, 1, float("inf"), "of at least 1")
-    options = body.get("stream_options", {})
-    if not isinstance(options, dict) or set(options) - {"include_usage"}:
-        raise ApiError('stream_options must be an object like {"include_usage": true}', param="stream_options")
+    what = "of at least 0 (0: echo scores the prompt, nothing more)" if least_tokens == 0 else "of at least 1"
+    max_tokens = whole(body, name, least_tokens, float("inf"), what)
+    options = _stream_options(body)
     for name in ("user", "service_tier"):
         if not isinstance(body.get(name, ""), str):
             raise ApiError(f"{name} must be a string", param=name)
-    return Ask(prompt, preamble, max_tokens, _flag(body, "stream"), _flag(options, "include_usage"),
-               _flag(body, "ignore_eos"), _flag(body, "return_token_ids"), chat, _sampling(body, logprobs),
-               _stop(body))  # fmt: skip
-
-
-def parse_completion(body: dict, model: str) -> Ask:
-    body = check_fields(body, "completions")
-    prompt = body.get("prompt")
-    if isinstance(prompt, list) and len(prompt) == 1:
-        prompt = prompt[0]  # a batch of one
-    if not isinstance(prompt, str):
-        raise ApiError("prompt must be a string, e.g. \"count down from 12\" (one prompt per request)",
-                       param="prompt")  # fmt: skip
-    logprobs = _whole(body, "logprobs", 0, MAX_TOP_LOGPROBS, f"from 0 to {MAX_TOP_LOGPROBS}")
-    return _common(body, model, prompt, chat=False, logprobs=logprobs)
-
-
-def _text(content, i: int) -> str:
-    if isinstance(content, str):
-        return content
-    if isinstance(content, list) and all(isinstance(p, dict) and p.get("type") == "text" for p in content):
-        if all(isinstance(p.get("text", ""), str) for p in content):
-            return "".join(p.get("text", "") for p in content)  # text parts; images and audio are not understood
-    raise ApiError(f"messages[{i}].content must be a string or a list of text parts", param="messages")
-
-
-def parse_chat(body: dict, model: str) -> Ask:
-    body = check_fields(body, "chat")
-    messages = body.get("messages")
-    if not isinstance(messages, list) or not messages:
-        raise ApiError('messages must be a non-empty list, e.g. [{"role": "user", "content": "spell 42"}]',
-                       param="messages")  # fmt: skip
-    system, user = None, None
-    for i, m in enumerate(messages):
-        if not isinstance(m, dict) or m.get("role") not in ("system", "developer", "user", "assistant", "tool"):
-            raise ApiError(f"messages[{i}] must be an object with a role (system, user or assistant)",
-                           param="messages")  # fmt: skip
-        if m["role"] in ("system", "developer"):
-            system = _text(m.get("content"), i)
-        elif m["role"] == "user":
-            user = _text(m.get("content"), i)
-    if user is None:
-        raise ApiError("messages has no user message: nothing to reply to", param="messages")
-    logprobs = _flag(body, "logprobs")
-    top = _whole(body, "top_logprobs", 0, MAX_TOP_LOGPROBS, f"from 0 to {MAX_TOP_LOGPROBS}")
-    if top is not None and not logprobs:
-        raise ApiError("top_logprobs needs logprobs: true", param="top_logprobs")
-    return _common(body, model, user, chat=True, logprobs=(top or 0) if logprobs else None, preamble=system)
-
-
-def to_request(ask: Ask, request_id: str, max_len: int) -> Request:
-    """The engine's request: the prompt's length checked before it is tokenized (a huge prompt costs nothing).
-    Its constraint, the automaton of ask.pattern, is the app's to add to its sampling
-    (openai_structured.constraint_for)."""
-    param = "messages" if ask.chat else "prompt"
-    if len(ask.prompt) + len(ask.preamble or "") + 1 + ask.chat >= max_len:  # a character is at least one token
-        raise ApiError(f"the prompt is over {max_len} tokens, the model's context: shorten it", param=param)
-    utf8(ask.prompt, param)
-    utf8(ask.preamble or "", param)
-    ids = encode_prompt(ask.prompt, ask.preamble) if ask.chat else [BOS, *encode(ask.prompt)]
-    if len(ids) >= max_len:
-        raise ApiError(f"the prompt is {len(ids)} tokens but the model's context is {max_len}: shorten it",
-                       param=param)  # fmt: skip
-    room = max_len - len(ids)  # the most tokens a reply can have: prompt + reply fill the context
-    if ask.max_tokens is not None and ask.max_tokens > room:
-        raise ApiError(f"the prompt ({len(ids)} tokens) plus max_tokens ({ask.max_tokens}) exceeds the model's context "
-                       f"of {max_len} tokens; use max_tokens <= {room}", param="max_tokens")  # fmt: skip
-    max_tokens = ask.max_tokens or room  # by default: until EOS, or the context is full
-    text = ask.prompt if not ask.preamble else f"[{len(ask.preamble)}-byte system prompt] {ask.prompt}"
-    return Request(request_id, ids, max_tokens, ignore_eos=ask.ignore_eos, prompt=text, sampling=ask.sampling)
+    include_usage = bool(options.get("include_usage"))
+    return Ask(prompt, preamble, max_tokens, flag(body, "stream"), include_usage, flag(body, "ignore_eos"),
+               flag(body, "return_token_ids"), chat, _sampling(body, logprobs), _stop(body),
+               continuous_usage=include_usage and bool(options.get("continuous_usage_stats")))  # fmt: skip

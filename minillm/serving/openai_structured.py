@@ -11,22 +11,23 @@ On both endpoints, /v1/chat/completions and /v1/completions (as vLLM takes them)
 Checked in two steps, both before the request reaches the engine, so a bad constraint is a 400 at once and the
 engine only ever receives automata that work:
   1. with_pattern (after the other fields are read): the fields' shapes, and the schema's keywords: one the subset
-     cannot keep (json_schema.py) is a 400 naming it, never ignored;
-  2. automaton (then, on a worker thread): the pattern compiled; too large (characters or states) is a 400 with
-     the limit. Compiled automata are kept by pattern, so json_object compiles once per process (the app warms it
-     when it starts) and a client's schema once, however often it is sent.
+     cannot keep (json_schema.py), nested too deep or whose pattern grows too long, is a 400 naming it or the
+     limit, never ignored (the limits are checked as the pattern grows: no schema is ever built past them);
+  2. automaton (then, on a worker thread): the pattern compiled; too large (characters, nesting, states, or the
+     work of building them) is a 400 with the limit. Compiled automata are kept by pattern, so json_object
+     compiles once per process (the app warms it when it starts) and a client's schema once, however often it is
+     sent.
 """
 
 from __future__ import annotations
 
 import asyncio
-import json
 import threading
 
 from minillm.errors import InputError
 from minillm.grammar import compile_regex
 from minillm.grammar.automaton import Dfa
-from minillm.grammar.json_schema import SchemaError, any_object, schema_regex
+from minillm.grammar.json_schema import SchemaError, any_object, preview, schema_regex
 from minillm.serving.openai_protocol import ApiError, Ask, utf8
 
 JSON_SCHEMA_FIELDS = {"name", "schema", "strict", "description"}  # response_format.json_schema's, as OpenAI has them
@@ -49,7 +50,7 @@ def pattern_of(body: dict) -> tuple[str | None, str]:
     fmt = {"type": "text"} if fmt is None else fmt  # (null: as if absent)
     if not isinstance(fmt, dict) or fmt.get("type") not in ("text", "json_object", "json_schema"):
         raise ApiError('response_format must be {"type": "text"}, {"type": "json_object"} or {"type": "json_schema", '
-                       f'"json_schema": {SCHEMA_EXAMPLE}}}, got {json.dumps(fmt, default=repr)[:80]}',
+                       f'"json_schema": {SCHEMA_EXAMPLE}}}, got {preview(fmt, 80)}',
                        param="response_format")  # fmt: skip
     extra = set(fmt) - {"type"} - ({"json_schema"} if fmt["type"] == "json_schema" else set())
     if extra:
