@@ -224,3 +224,14 @@ def test_echo_limits_are_400s(server, client):
     error_of(client.post(url, json={"prompt": "spell 4", "echo": "yes"}), "echo")
     chat = {"messages": [{"role": "user", "content": "spell 4"}], "echo": True}
     assert "echo" in error_of(client.post(f"{server.url}/chat/completions", json=chat), "echo")  # (completions' only)
+
+
+def test_vllm_bench_serves_completions_body_is_served_and_a_real_penalty_refused(server, client):
+    """`vllm bench serve`'s default backend sends exactly this (vllm/benchmarks/lib/endpoint_request_func.py,
+    async_request_openai_completions): the neutral repetition_penalty 1.0 asks for nothing; another value is a 400."""
+    body = {"model": "minillm", "prompt": "count down from 9", "repetition_penalty": 1.0, "max_tokens": 8,
+            "logprobs": None, "stream_options": {"include_usage": True}, "ignore_eos": True}  # fmt: skip
+    chunks = sse(client, f"{server.url}/completions", body)
+    assert chunks[-1]["usage"]["completion_tokens"] == 8
+    refused = client.post(f"{server.url}/completions", json=body | {"repetition_penalty": 1.2})
+    assert "repetition_penalty" in error_of(refused, "repetition_penalty")

@@ -17,6 +17,7 @@ from minillm.errors import ConfigError
 
 
 def cmd_serve(args: argparse.Namespace) -> None:
+    from minillm.serving.api_key import ENV, api_key_from
     from minillm.serving.server import LOOPBACK, bind, build_fleet, build_loop, serve
 
     fleet_error = replicas_error(args)
@@ -40,11 +41,17 @@ def cmd_serve(args: argparse.Namespace) -> None:
     fleet = f"{args.replicas} replicas, {args.route or 'cache-aware'} routing; each: " if args.replicas > 1 else ""
     print(f"minillm serving on {where} ({fleet}{args.scheduler} batching, {args.slots} seats, {args.kv} KV, the engine "
           f"in a {args.engine} of its own{split}); Ctrl-C stops", flush=True)  # fmt: skip
-    print(f"  try: curl {where}/chat/completions -H 'Content-Type: application/json' "
+    api_key = api_key_from(args.api_key)  # (never printed: the banner says that one is needed, not what it is)
+    bearer = f'-H "Authorization: Bearer ${ENV}" ' if api_key else ""
+    print(f"  try: curl {where}/chat/completions -H 'Content-Type: application/json' {bearer}"
           """-d '{"messages": [{"role": "user", "content": "count down from 12"}]}'""")  # fmt: skip
+    if api_key:
+        source = "--api-key" if args.api_key else ENV
+        print(f"  a key is required ({source}): /v1/* and /trace answer 401 without `Authorization: Bearer KEY`")
     if args.host != LOOPBACK:
-        print(f"  note: bound to {args.host}: other machines on this network can send requests (on purpose?)")
-    serve(loop, sock, args.model_name, args.drain_s, args.max_body_bytes)
+        guard = "each needs the key" if api_key else f"on purpose? --api-key (or {ENV}) asks them for a key"
+        print(f"  note: bound to {args.host}: other machines on this network can send requests ({guard})")
+    serve(loop, sock, args.model_name, args.drain_s, args.max_body_bytes, api_key)
 
 
 def replicas_error(args: argparse.Namespace) -> str | None:
@@ -69,8 +76,10 @@ def cmd_load(args: argparse.Namespace) -> None:
 
     jobs = jobs_from_workload(args.workload, args.requests, args.rate_per_s, args.seed, args.force_lengths,
                               args.hang_up)  # fmt: skip
+    from minillm.serving.api_key import api_key_from
+
     outcomes = asyncio.run(run_jobs(args.url, jobs, args.model, args.api, args.max_concurrency, args.timeout_s,
-                                    tokenizer=args.tokenizer))  # fmt: skip
+                                    tokenizer=args.tokenizer, api_key=api_key_from(args.api_key)))  # fmt: skip
     summary = summarize_load(outcomes, args.ttft_target_s, args.tpot_target_s)
     summary |= {"url": args.url, "workload": args.workload, "rate_per_s": args.rate_per_s, "seed": args.seed}
     if args.out:
@@ -144,6 +153,9 @@ def add_commands(sub) -> None:
     p.add_argument("--engine", default="process", choices=["process", "thread"],
                    help="process: the engine in a process of its own (the HTTP side never waits on a step); thread: on "
                    "a thread of the server's process, sharing its interpreter lock (lesson 10 compares)")  # fmt: skip
+    p.add_argument("--api-key", default=None, help="requests to /v1/* and /trace must carry `Authorization: Bearer "
+                   "KEY` (else 401), as vLLM's --api-key; default: $MINILLM_API_KEY (which `ps` does not show), "
+                   "else none")  # fmt: skip
     model_args(p)
     compile_arg(p)
     p.set_defaults(func=cmd_serve)
@@ -169,6 +181,8 @@ def add_commands(sub) -> None:
                    "minillm's byte-level tokenizer (default; its export's too), or by a tokenizer.json (or its "
                    "folder) for another model; 'usage': as each server's usage says (some count the end "
                    "token)")  # fmt: skip
+    p.add_argument("--api-key", default=None, help="the server's key, sent as `Authorization: Bearer KEY` "
+                   "(default: $MINILLM_API_KEY, else none)")  # fmt: skip
     p.add_argument("--json", action="store_true", help="print one JSON object (run --json's names)")
     p.add_argument("--out", default=None, help="also write the summary and every request's timings here (JSON)")
     p.set_defaults(func=cmd_load)

@@ -177,16 +177,19 @@ async def send(client: httpx.AsyncClient, url: str, body: dict, out: Outcome, t0
 
 async def run_jobs(url: str, jobs: list[Job], model: str | None = None, api: str = "chat",
                    max_concurrency: int | None = None, timeout_s: float = 600.0,
-                   extra_body: dict | None = None, tokenizer: str = "minillm") -> list[Outcome]:  # fmt: skip
+                   extra_body: dict | None = None, tokenizer: str = "minillm",
+                   api_key: str | None = None) -> list[Outcome]:  # fmt: skip
     """Send every job at its time (waiting for a free client first, with max_concurrency); one Outcome each.
     extra_body: more fields for every request (e.g. {"return_token_ids": True}, which minillm and vLLM know).
-    tokenizer: how output tokens are counted (token_counter)."""
+    tokenizer: how output tokens are counted (token_counter). api_key: sent as `Authorization: Bearer` (serve's)."""
     count = token_counter(tokenizer)
     if api not in ("chat", "completions"):
         raise ConfigError(f"api must be 'chat' or 'completions', got {api!r}")
     url = url.rstrip("/")
     limits = httpx.Limits(max_connections=max_concurrency or len(jobs), max_keepalive_connections=max_concurrency)
-    async with httpx.AsyncClient(limits=limits, timeout=httpx.Timeout(timeout_s, connect=30.0)) as client:
+    headers = {"Authorization": f"Bearer {api_key}"} if api_key else None
+    timeout = httpx.Timeout(timeout_s, connect=30.0)
+    async with httpx.AsyncClient(limits=limits, timeout=timeout, headers=headers) as client:
         model = model or await served_model(client, url)
         gate = asyncio.Semaphore(max_concurrency or len(jobs))
         outcomes = [Outcome(job) for job in jobs]
@@ -209,6 +212,8 @@ async def served_model(client: httpx.AsyncClient, url: str) -> str:
     """The first model the server lists (GET /v1/models), as vLLM's benchmark does when none is named."""
     try:
         response = await client.get(f"{url}/models")
+        if response.status_code == 401:
+            raise ConfigError(f"{url} asks for an API key (401): give it with --api-key or MINILLM_API_KEY")
         return response.json()["data"][0]["id"]
     except (httpx.HTTPError, ValueError, KeyError, IndexError) as e:
         raise ConfigError(f"could not ask {url}/models which model it serves ({e}); is a server running "

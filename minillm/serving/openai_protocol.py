@@ -96,9 +96,11 @@ def parse_json(raw: bytes) -> dict:
 
 
 # Fields a client may send that ask for nothing when they hold one of these values (OpenAI's defaults).
+# (repetition_penalty is vLLM's extension: its `vllm bench serve` sends the neutral 1.0 with every request)
 HARMLESS = {"presence_penalty": (0,), "frequency_penalty": (0,), "logit_bias": ({},), "echo": (False,),
             "best_of": (1,), "suffix": ("",), "tools": ([],), "tool_choice": ("none", "auto"), "functions": ([],),
-            "parallel_tool_calls": (True, False), "store": (False,), "n": (1,)}  # fmt: skip
+            "parallel_tool_calls": (True, False), "store": (False,), "n": (1,),
+            "repetition_penalty": (1,)}  # fmt: skip
 WHY_NOT = {"echo": "echo (the prompt back in the reply) is not supported",
            "tools": "this model cannot call tools", "tool_choice": "this model cannot call tools",
            "functions": "this model cannot call functions",

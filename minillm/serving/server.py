@@ -25,6 +25,7 @@ from minillm.config import EngineConfig
 from minillm.engine.scheduler import DEFAULT_TOKEN_BUDGET, SCHEDULERS
 from minillm.errors import ConfigError
 from minillm.layers import LayeredEngine
+from minillm.serving.api_key import ApiKeyMiddleware
 from minillm.serving.engine_process import START_TIMEOUT_S, EngineProcess
 from minillm.serving.openai_api import MAX_BODY_BYTES, drain, make_app
 from minillm.serving.router import Router
@@ -89,8 +90,11 @@ def build_fleet(model: nn.Module, replicas: int, route: str = "cache-aware", **l
     return Router([build_loop(model, process=True, **loop_args) for _ in range(replicas)], route)
 
 
-def app_for(loop: LoopHandle, model: str = "minillm", max_body_bytes: int = MAX_BODY_BYTES):
-    """The app, with the engine started when the server starts and stopped when it stops."""
+def app_for(loop: LoopHandle, model: str = "minillm", max_body_bytes: int = MAX_BODY_BYTES,
+            api_key: str | None = None):  # fmt: skip
+    """The app, with the engine started when the server starts and stopped when it stops; api_key: /v1/* and
+    /trace answer 401 without `Authorization: Bearer api_key` (api_key.py). Whatever runs behind the app (one
+    engine, --replicas' router, --disaggregate, --tp) talks to it over pipes, not HTTP: this one check guards all."""
 
     @asynccontextmanager
     async def lifespan(_):
@@ -101,6 +105,8 @@ def app_for(loop: LoopHandle, model: str = "minillm", max_body_bytes: int = MAX_
 
     app = make_app(loop, model, max_body_bytes)
     app.router.lifespan_context = lifespan
+    if api_key:
+        app.add_middleware(ApiKeyMiddleware, api_key=api_key)
     return app
 
 
@@ -157,10 +163,11 @@ def bind(host: str = LOOPBACK, port: int = 8000) -> socket.socket:
 
 
 def serve(loop: LoopHandle, sock: socket.socket, model: str = "minillm", drain_s: float = DRAIN_S,
-          max_body_bytes: int = MAX_BODY_BYTES) -> None:  # fmt: skip
+          max_body_bytes: int = MAX_BODY_BYTES, api_key: str | None = None) -> None:  # fmt: skip
     """Serve on a bound socket until Ctrl-C or SIGTERM (then drain: see Server)."""
     sys.setswitchinterval(GIL_SWITCH_S)  # (process-wide: only the server's own process sets it)
-    config = uvicorn.Config(app_for(loop, model, max_body_bytes), log_level="warning", timeout_graceful_shutdown=2)
+    app = app_for(loop, model, max_body_bytes, api_key)
+    config = uvicorn.Config(app, log_level="warning", timeout_graceful_shutdown=2)
     Server(config, loop, drain_s).run(sockets=[sock])
 
 
@@ -169,10 +176,10 @@ class ServerThread:
     http://127.0.0.1:54321/v1, server.base the same without /v1 (for /health, /metrics, /trace)."""
 
     def __init__(self, loop: LoopHandle | None, model: str = "minillm", host: str = LOOPBACK, port: int = 0, app=None,
-                 max_body_bytes: int = MAX_BODY_BYTES):  # fmt: skip
-        """Serves `loop` (or any ASGI `app`: a test's stand-in for another server)."""
+                 max_body_bytes: int = MAX_BODY_BYTES, api_key: str | None = None):  # fmt: skip
+        """Serves `loop` (or any ASGI `app`: a test's stand-in for another server); api_key: as app_for's."""
         self.loop, self.sock = loop, bind(host, port)  # port 0: a free one, and this socket keeps it ours
-        app = app or app_for(loop, model, max_body_bytes)
+        app = app or app_for(loop, model, max_body_bytes, api_key)
         self.server = Server(uvicorn.Config(app, log_level="warning", timeout_graceful_shutdown=2), loop)
         self.thread = threading.Thread(target=self.server.run, kwargs={"sockets": [self.sock]}, daemon=True)
         host, port = self.sock.getsockname()

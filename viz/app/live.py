@@ -5,11 +5,12 @@
 A few times a second a fragment with a timer asks the server for the steps it took since the last poll
 (GET /trace?since_step=K), merges them into the last WINDOW_STEPS steps (viz/live_window.py) and draws the
 newest one: who sits in each seat, the queue, the KV blocks, every reply as it streams, and the window's
-figures. Nothing is recorded here: the server keeps the trace, the app only looks at its end.
+figures. Nothing is recorded here: the server keeps the trace, the app only looks at its end (with its --api-key).
 """
 
 from __future__ import annotations
 
+import os
 import statistics
 import time
 from collections import deque
@@ -32,7 +33,7 @@ from viz.html import (
     token_budget_html,
 )
 from viz.live_window import LiveWindow, live_player, live_replies, window_figures
-from viz.player import Frame, TracePlayer
+from viz.player import TracePlayer
 
 DEFAULT_URL = "http://127.0.0.1:8000"
 WINDOW_STEPS = 300  # the steps on screen: a few seconds of a busy server
@@ -67,17 +68,15 @@ def server_url(text: str) -> str:
 class LiveFeed:
     """One server, polled: an HTTP client, the window it fills, the player of its newest state, and timings."""
 
-    def __init__(self, url: str):
-        self.url = url
-        self.client = httpx.Client(timeout=TIMEOUT)
-        self.window = LiveWindow(WINDOW_STEPS)
-        self.player: TracePlayer | None = None
-        self.frame: Frame | None = None
+    def __init__(self, url: str, api_key: str | None = None):
+        self.url, self.new_step_at = url, time.monotonic()  # (when a poll last brought a new step)
+        auth = {"Authorization": f"Bearer {api_key}"} if api_key else None  # (serve --api-key guards /trace)
+        self.client, self.window = httpx.Client(timeout=TIMEOUT, headers=auth), LiveWindow(WINDOW_STEPS)
+        self.player, self.frame = None, None  # (TracePlayer, Frame): the newest state and its drawing
         self.size = presenter.ChartSize(1200, 12)  # how the chart is drawn (the view sets it before each poll)
         self.drawn_size = self.size
         self.poll_ms = self.frame_ms = 0.0  # the last poll (HTTP and merge); the last frame's drawing
         self.frame_starts: deque[float] = deque(maxlen=FRAMES_TIMED + 1)
-        self.new_step_at = time.monotonic()  # when a poll last brought a new step
 
     def poll(self) -> int:
         """Ask for the steps after the newest one held and merge them; returns how many came."""
@@ -106,6 +105,8 @@ class LiveFeed:
             raise ServerError(f"{self.url} did not answer within {TIMEOUT.read:g} s (retrying).") from None
         except (httpx.HTTPError, httpx.InvalidURL) as e:
             raise ServerError(f"Cannot ask {where}: {e}") from None
+        if response.status_code == 401:
+            raise ServerError(f"{where} asks for the server's API key (--api-key): type it in the sidebar.")
         if response.status_code == 404:
             raise ServerError(f"{where} does not exist: this view needs minillm's server (python -m minillm serve).")
         if response.status_code != 200:
@@ -154,7 +155,7 @@ def feed() -> LiveFeed | None:
 def connect() -> None:
     disconnect()
     try:
-        st.session_state.live_feed = LiveFeed(server_url(st.session_state.live_url))
+        st.session_state.live_feed = LiveFeed(server_url(st.session_state.live_url), st.session_state.live_key)
     except ServerError as e:
         st.session_state.live_problem = str(e)
         return
@@ -177,6 +178,8 @@ def sidebar(where=None, button_at=None) -> None:
     st.session_state.setdefault("live_url", DEFAULT_URL)
     bar.text_input("server URL", key="live_url", persist_state="page", on_change=connect,
                    help="where `python -m minillm serve` listens (its --host and --port)")  # fmt: skip
+    bar.text_input("API key", key="live_key", type="password", on_change=connect,
+                   help="the server's --api-key, if it has one (default: $MINILLM_API_KEY)")  # fmt: skip
     bar.select_slider("redraws per second", REDRAWS_PER_S, DEFAULT_REDRAWS, key="live_redraws",
                       help="each redraw asks the server for its new steps; on a laptop that also runs the server, "
                       "fewer redraws leave more of its cores to the engine")  # fmt: skip
@@ -283,6 +286,7 @@ def _live_frame(connected: bool) -> None:
 def show() -> None:
     st.session_state.setdefault("live_connected", False)
     st.session_state.setdefault("live_problem", None)
+    st.session_state.setdefault("live_key", os.environ.get("MINILLM_API_KEY", ""))
     settings_at, button_at, title_at = presenter.settings_row([1.5, 1.9, 8])  # (the presenter view: one row)
     sidebar(settings_at, button_at)
     if st.session_state.live_connected and feed() is None:
