@@ -39,11 +39,16 @@ class Greedy:
         return None
 
     def pick(self, logits: torch.Tensor, batch: Batch) -> list[int]:  # logits (R, V): R picks
-        ignoring = [i for i, r in enumerate(batch.pickers) if r.ignore_eos]
-        if ignoring:
-            logits = logits.clone()
-            logits[ignoring, EOS] = float("-inf")
-        return logits.argmax(dim=-1).tolist()
+        return without_eos(logits, batch.pickers).argmax(dim=-1).tolist()
+
+
+def without_eos(logits: torch.Tensor, requests: list[Request]) -> torch.Tensor:
+    """logits (R, V), EOS at -inf on the rows whose request ignores it (a copy only then)."""
+    ignoring = [i for i, r in enumerate(requests) if r.ignore_eos]
+    if ignoring:
+        logits = logits.clone()
+        logits[ignoring, EOS] = float("-inf")
+    return logits
 
 
 class WallClock:  # seconds since the engine started

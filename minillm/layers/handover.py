@@ -26,12 +26,13 @@ Its state per request: the ids marked for hand-over.
 
 from __future__ import annotations
 
-from dataclasses import replace
+import itertools
+from dataclasses import fields
 
 import torch
 
 from minillm.engine.engine import Engine
-from minillm.engine.request import Request, State
+from minillm.engine.request import Request
 
 HANDED_OVER = "handed-over"
 
@@ -68,13 +69,13 @@ def export(engine: Engine, request: Request) -> tuple[torch.Tensor, torch.Tensor
 
 
 def handed_copy(request: Request) -> Request:
-    """What the decode engine is given: the request as it stands after its first token."""
-    fresh = dict(state=State.WAITING, seat=None, num_computed=0, admit_order=-1, preemptions=0)
-    fresh |= dict.fromkeys(
-        ("finish_reason", "finish_step", "finish_s", "admit_step", "first_token_step", "first_token_s")
-    )
-    fresh |= dict.fromkeys(("prefill_tokens", "prompt_tokens_from_cache"), 0)
-    return replace(request, output_ids=list(request.output_ids), lookahead=[], **fresh)
+    """What the decode engine is given: a new request with the same inputs and the reply so far (its first token);
+    its life (seat, steps, counts) starts over there, as any newcomer's does."""
+    inputs = {name: getattr(request, name) for name in INPUTS}
+    return Request(**inputs, output_ids=list(request.output_ids))
+
+
+INPUTS = [f.name for f in itertools.takewhile(lambda f: f.name != "state", fields(Request))]  # (what a client sets)
 
 
 def hand_over(prefill, decode) -> list[Request]:

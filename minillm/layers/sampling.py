@@ -27,8 +27,8 @@ import torch
 from minillm.config import Sampling
 from minillm.engine.packing import Batch
 from minillm.engine.request import Request
+from minillm.engine.runner import without_eos
 from minillm.layers.constrain import Constraints
-from minillm.model.tokenizer import EOS
 
 DRAW, ACCEPT, RESIDUAL, DRAFT = 0, 1, 2, 3  # what a random number is for (part of its generator's seed)
 
@@ -86,17 +86,11 @@ class Sampler:
 
 
 def allowed_logits(logits: torch.Tensor, requests: list, masks: torch.Tensor | None) -> torch.Tensor:
-    """logits (R, V) with what a row may not pick at -inf: EOS where it is ignored, tokens outside a
-    row's mask."""
-    if masks is None and not any(r.ignore_eos for r in requests):
-        return logits
-    picked = logits.clone()
+    """logits (R, V) with what a row may not pick at -inf: tokens outside a row's mask, and EOS where it
+    is ignored (as the core's greedy pick does: runner.without_eos)."""
     if masks is not None:
-        picked.masked_fill_(~masks, float("-inf"))
-    ignoring = [i for i, r in enumerate(requests) if r.ignore_eos]
-    if ignoring:
-        picked[ignoring, EOS] = float("-inf")
-    return picked
+        logits = logits.masked_fill(~masks, float("-inf"))
+    return without_eos(logits, requests)
 
 
 def generator(seed: int | None, position: int, purpose: int = DRAW) -> torch.Generator | None:

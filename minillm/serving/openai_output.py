@@ -107,14 +107,13 @@ def logprobs_shape(ask: Ask, shown: list, echo: list = (), shift: int = 0) -> di
     echo: the prompt's rows (echo_of) before them, the shown tokens' offsets moved on by `shift` (the prompt's text)."""
     if ask.sampling.logprobs is None:
         return None
-    rows = [(t, max(lp[0], LOWEST_LOGPROB), list(zip(lp[1], lp[2])), at + shift) for t, lp, at in shown
-            if lp is not None]  # fmt: skip
+    # (token, its logprob, [(top id, logprob)], text offset); an echoed prompt's first token has no logprob: None
+    row = lambda t, lp, at: (t, None, None, at) if lp is None else (t, max(lp[0], LOWEST_LOGPROB), [*zip(*lp[1:])], at)
+    rows = [row(t, lp, at + shift) for t, lp, at in shown if lp is not None]
     if ask.chat:
         entry = lambda t, lp: {"token": token_text(t), "logprob": max(lp, LOWEST_LOGPROB), "bytes": [t] * (t < 256)}
         return {"content": [entry(t, lp) | {"top_logprobs": [entry(i, v) for i, v in top]} for t, lp, top, _ in rows]}
-    first = [(t, None, None, at) if lp is None else (t, max(lp[0], LOWEST_LOGPROB), list(zip(lp[1], lp[2])), at)
-             for t, lp, at in echo]  # fmt: skip
-    rows = first + rows
+    rows = [row(*one) for one in echo] + rows
     return {"tokens": [token_text(t) for t, *_ in rows], "token_logprobs": [lp for _, lp, _, _ in rows],
             "top_logprobs": [None if top is None else {token_text(i): max(v, LOWEST_LOGPROB) for i, v in top}
                              | {token_text(t): lp} for t, lp, top, _ in rows],
