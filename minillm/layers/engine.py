@@ -36,7 +36,7 @@ class LayeredEngine(Engine):
             self.meta.setdefault("drafter", drafter.name)
         self.handover = HandOver(self)
         self.recorder = Recorder(self, self.sampler, self.speculation)
-        self.observers.append(self.sampler.after_step)
+        self.observers.append(self.sampler.after_step)  # (after the Recorder: it reads this step's `allowed`)
         if self.cfg.debug:
             self.observers.append(check_books)
 
