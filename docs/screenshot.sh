@@ -31,7 +31,6 @@ answering() {  # wait until a URL answers (at most 60 s)
   return 1
 }
 
-export MINILLM_APP_WARM=0  # (runs are read from and kept on disk, but no worker runs ahead: nobody changes settings)
 began=$(date +%s%N)
 streamlit run app.py --server.headless true --server.address localhost --server.port "$port" \
   --browser.gatherUsageStats false >/tmp/minillm-streamlit.log 2>&1 &

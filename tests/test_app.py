@@ -7,7 +7,6 @@ Engine runs are cached in-process, so only the first test that needs a configura
 
 import json
 import re
-import resource
 import socket
 import sys
 import threading
@@ -32,12 +31,13 @@ from minillm.runs import trace_file
 from minillm.serving.server import ServerThread, build_loop
 from minillm.serving.trace_window import window
 from tests.conftest import one_torch_thread, random_model
-from viz.app import fleet_run, fleet_view, step_player, trace_store
+from viz.app import fleet_view, replays, step_player
 from viz.app.live import DEFAULT_URL, ServerError, server_url
 from viz.app.step_player import NOT_IMPLEMENTED
 from viz.app.trace_files import load_uploaded_trace
 from viz.fleet import REASONS, handovers, hit_rate, waited_behind
 from viz.live_window import LiveWindow
+from viz.player import TracePlayer
 from viz.table import table_of
 
 
@@ -88,11 +88,10 @@ def figure(at: AppTest, label: str) -> list[str]:
 
 
 @pytest.fixture(scope="module", autouse=True)
-def no_trace_store():
-    """Runs stay in this process: nothing read from or written to the user's cache, no worker started (the tests of
-    trace_store.py below give it a folder of their own)."""
+def no_user_cache():
+    """New replies stay in this process: nothing written to the user's cache."""
     with pytest.MonkeyPatch.context() as patch:
-        patch.setenv("MINILLM_APP_TRACES", "off")
+        patch.setenv("MINILLM_APP_REPLIES", "off")
         yield
 
 
@@ -279,10 +278,8 @@ def test_my_scheduler_is_loaded_fresh_from_the_exercise_file(tmp_path, monkeypat
 
 
 def test_exports_are_a_trace_file_and_a_png(tiny_trace):
-    from viz import plot_occupancy
-    from viz.app.trace_files import figure_png
-
-    assert figure_png(plot_occupancy(tiny_trace))[:4] == b"\x89PNG"
+    player = TracePlayer(tiny_trace, 600)
+    assert player.frame(player.last_step).occupancy_png[:4] == b"\x89PNG"  # (what the PNG download sends)
     assert trace_file.loads(json.dumps(tiny_trace.to_dict())).steps == tiny_trace.steps
 
 
@@ -320,11 +317,12 @@ def events(at: AppTest) -> list[str]:
 def fleet_traces(shipped_model):
     """The fleets the view runs by default, run here for the figures they should show."""
     with one_torch_thread():
-        runs = {route: fleet_run.run(fleet_view.fleet_settings(STORY_SETTINGS, "replicas", route), shipped_model)
+        real = lambda scheduler, settings: replays.run(scheduler, settings, shipped_model, replay=False)  # (no replay)
+        runs = {route: real("fleet", fleet_view.fleet_settings(STORY_SETTINGS, "replicas", route))
                 for route in ("cache-aware", "round-robin")}  # fmt: skip
         pair = fleet_view.fleet_settings(STORY_SETTINGS, "pair", None)
-        runs["pair"] = fleet_run.run(pair, shipped_model)
-        runs["one engine"] = trace_store.run(("continuous", fleet_view.one_engine_settings(pair), "cpu"), shipped_model)
+        runs["pair"] = real("fleet", pair)
+        runs["one engine"] = real("continuous", fleet_view.one_engine_settings(pair))
         return runs
 
 
@@ -368,19 +366,6 @@ def test_the_fleet_view_draws_each_hand_over_from_prefill_to_decode(fleet_traces
     worst = waited_behind(fleet_traces["one engine"])
     assert headline_values(at) == {"one engine": f"{worst:,}", "decode engine": "0"} and worst > 0
     assert any("handed over to the decode engine" in m.value for m in at.markdown)  # the prefill side's chat
-
-
-def test_the_fleet_view_asks_the_worker_for_the_other_fleets(tmp_path, monkeypatch):
-    """Changing the router is a read once the worker has run it: the view asks for the other routers, the other
-    fleet, and (for the pair) the one-engine run its headline needs."""
-    monkeypatch.setenv("MINILLM_APP_TRACES", str(tmp_path))
-    asked = []
-    monkeypatch.setattr(trace_store, "warm", asked.extend)
-    open_app(schedule=fleet_view.PAIR)
-    pair = fleet_view.fleet_settings(STORY_SETTINGS, "pair", None)
-    assert asked[0] == ("continuous", fleet_view.one_engine_settings(pair), "cpu")
-    fleets = {(job[1]["fleet"], job[1].get("route")) for job in asked if job[0] == "fleet"}
-    assert fleets == {("replicas", route) for route in fleet_view.ROUTERS.values()}
 
 
 SMALL_CROWD = {"wi_requests": 12}  # a few seconds of simulated serving: quick to run twice
@@ -760,68 +745,20 @@ def test_what_if_shows_this_machine_measured(tmp_path, monkeypatch):
     assert not any("No measured steps yet" in e.value for e in at.info)
 
 
-# --- the step player's runs on disk, and the worker that runs them ahead (trace_store.py) ----------------------------
-TINY_RUN = {"workload": "bursty", "knobs": {"requests": 4, "rate": 0.5, "mean_reply": 8, "spread": 0.0}, "seed": 0,
-            "slots": 2, "kv": "paged", "block_size": 16, "num_blocks": None, "token_budget": 256,
-            "prefix_caching": False, "speculate": 0}  # fmt: skip
-
-
-def test_runs_are_kept_on_disk_under_the_code_that_made_them(shipped_model, tmp_path, monkeypatch):
-    monkeypatch.setenv("MINILLM_APP_TRACES", str(tmp_path))
-    job = ("continuous", TINY_RUN, "cpu")
-    assert trace_store.load(job) is None
-    trace = trace_store.run(job, shipped_model)
-    trace_store.save(job, trace)
-    assert trace_store.load(job).to_dict() == trace.to_dict()
-    assert trace_store.load(("static", TINY_RUN, "cpu")) is None  # another policy, another run
-    monkeypatch.setattr(trace_store, "fingerprint", lambda: "other-code")  # an edited engine: its own runs
-    assert trace_store.load(job) is None
-    monkeypatch.setenv("MINILLM_APP_TRACES", "off")
-    assert trace_store.root() is None and trace_store.load(job) is None
-
-
-def test_the_worker_runs_what_it_is_asked_in_a_process_of_its_own(tmp_path, monkeypatch):
-    """warm() starts `python -m viz.app.trace_store` (lowest priority); it runs the queue and leaves the runs on disk;
-    runs already there are not asked for again."""
-    monkeypatch.setenv("MINILLM_APP_TRACES", str(tmp_path))
-    monkeypatch.setenv("MINILLM_APP_WARM", "1")
-    jobs = [("static", TINY_RUN, "cpu"), ("continuous", TINY_RUN | {"slots": 1}, "cpu")]
-    trace_store.warm(jobs)
-    deadline = time.monotonic() + 120
-    while not all(trace_store.path_of(job).is_file() for job in jobs):
-        assert time.monotonic() < deadline, "the worker made no runs in 2 minutes"
-        time.sleep(0.2)
-    trace_store._worker.wait(30)  # (its queue done, it stops)
-    assert [trace_store.load(job).config["scheduler"] for job in jobs] == ["static", "continuous"]
-    assert trace_store.work(trace_store.folder()) == 0  # nothing left to run
-
-
-def test_nearby_settings_are_one_change_away():
-    settings = dict(TINY_RUN, workload="seed-story", knobs=None, slots=4)
-    near = step_player.nearby(settings)
-    changed = [{k for k in settings if s[k] != settings[k]} for s in near]
-    assert changed[0] == {"kv"} and near[0]["kv"] == "contiguous"
-    assert [s["slots"] for s in near[1:3]] == [3, 5]  # one seat fewer, one more
-    assert {s["workload"] for s in near[3:7]} == {"chat", "bursty", "system-prompt", "long-prompts"}
-    assert sorted(s["slots"] for s, what in zip(near, changed) if what == {"slots"}) == [1, 2, 3, *range(5, 17)]
-    assert len({json.dumps(s, sort_keys=True) for s in near}) == len(near)  # (no run asked for twice)
-
-
-def test_a_settings_change_the_worker_has_run_is_a_read(shipped_model, tmp_path, monkeypatch):
-    """Issue 34: a change of seats took 9 s on 2 cores (both policies run). The app asks the worker for the runs
-    one change away; once it has made them, the change reads them from disk: under 3 s of CPU here (0.2 s measured,
-    2026-12, on a 2-core machine shared with other work)."""
-    monkeypatch.setenv("MINILLM_APP_TRACES", str(tmp_path))
-    asked = []
-    monkeypatch.setattr(trace_store, "warm", asked.extend)  # what the app asks the worker for (not started here)
+# --- a setting change is a replay -------------------------------------------------------------------------------
+def test_a_settings_change_replays_without_the_model():
+    """Issue 41: a change of seats took 7-20 s on 2 cores (both policies run by the model). Now the step player
+    replays the recorded replies: changing seats, layout or block size runs no forward at all (about 0.1-0.5 s of
+    bookkeeping: measured in the issue's note, not here)."""
     at = open_app()
-    five = [job for job in asked if job[1]["slots"] == 5 and job[1]["workload"] == "seed-story"]
-    assert {scheduler for scheduler, _, _ in five} == {"static", "continuous"} and len(five) == 2
-    for job in five:  # what the worker does
-        trace_store.save(job, trace_store.run(job, shipped_model))
-    began = resource.getrusage(resource.RUSAGE_SELF)
-    at.slider(key="slots-True").set_value(5).run()
-    ended = resource.getrusage(resource.RUSAGE_SELF)
-    cpu_s = ended.ru_utime + ended.ru_stime - began.ru_utime - began.ru_stime
-    assert not at.exception and any("of 5 seats" in m.value for m in at.markdown)  # (drawn: 5 seats)
-    assert cpu_s < 3.0, f"changing seats took {cpu_s:.1f} s of CPU"
+    calls = []
+    hook = step_player.cached_model("cpu").register_forward_hook(lambda *_: calls.append(1))  # (the app's model)
+    try:
+        for change in (lambda: at.slider(key="slots-True").set_value(5), lambda: at.radio(key="kv").set_value(
+                "contiguous"), lambda: at.select_slider(key="block_size").set_value(8)):  # fmt: skip
+            change().run()
+            assert not at.exception and not at.error
+    finally:
+        hook.remove()
+    assert any("of 5 seats" in m.value for m in at.markdown)  # (drawn: 5 seats)
+    assert calls == [], "a setting change ran the model's forward"

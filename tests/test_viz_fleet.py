@@ -13,7 +13,8 @@ from minillm.model.tokenizer import decode as decode_tokens
 from minillm.runs.run import run_workload
 from minillm.runs.workload import ChatKnobs
 from tests.conftest import one_torch_thread
-from viz.app import fleet_run, trace_store
+from minillm.engine.runner import ModelRunner
+from viz.app import fleet_run
 from viz.colors import rgb255
 from viz.events import describe, step_events
 from viz.fleet import (
@@ -39,8 +40,9 @@ PAIR = BASE | {"fleet": "pair", "workload": "long-prompts", "num_blocks": None, 
 @pytest.fixture(scope="module")
 def fleets(shipped_model):
     with one_torch_thread():  # (the tiny model's ops are too small to split)
-        runs = {route: fleet_run.run(REPLICAS | {"route": route}, shipped_model) for route in fleet_run.ROUTES}
-        runs["pair"] = fleet_run.run(PAIR, shipped_model)
+        model = lambda: ModelRunner(shipped_model)
+        runs = {route: fleet_run.run(REPLICAS | {"route": route}, model) for route in fleet_run.ROUTES}
+        runs["pair"] = fleet_run.run(PAIR, model)
         one = {k: v for k, v in PAIR.items() if k not in ("fleet", "workload", "knobs")}
         runs["one engine"] = run_workload(shipped_model, "long-prompts", knobs=ChatKnobs(**PAIR["knobs"]), **one)
         return runs
@@ -149,11 +151,3 @@ def test_a_hand_over_is_drawn_in_both_charts_as_it_happens(fleets):
     reply = next(r for r in decode.frame(decode.last_step).replies if r.id == rid)
     alone = next(r for r in fleets["one engine"].requests if r.id == rid)
     assert reply.text == decode_tokens(alone.output_ids)
-
-
-def test_a_fleets_traces_are_kept_on_disk(fleets, tmp_path, monkeypatch):
-    monkeypatch.setenv("MINILLM_APP_TRACES", str(tmp_path))
-    job = ("fleet", PAIR, "cpu")
-    assert trace_store.load(job) is None
-    trace_store.save(job, fleets["pair"])
-    assert [t.to_dict() for t in trace_store.load(job)] == [t.to_dict() for t in fleets["pair"]]

@@ -7,7 +7,8 @@ these draw pages, not pictures: only app.py imports them.
   live         a running server (python -m minillm serve), watched as requests arrive
   playback     the step player itself (controls, panels), shared by the views that replay traces
   presenter    the presenter view: the layout and sizes for a projector
-  trace_store  the step player's runs on disk, and the worker that runs ahead the settings a room may pick next
+  replays      the step player's runs, replayed from each prompt's recorded reply: a setting costs no forward
+  fleet_run    two engines in this process, a fleet: replicas behind a router, or a prefill and a decode engine
   trace_files  a trace to and from a file: downloads, and an uploaded trace replayed
 
 A new view is a module with a `show()` function and one line in app.py's VIEWS.

@@ -117,7 +117,7 @@ def fleet_view(choice: dict) -> None:
         st.markdown(f"**Most goodput at your targets: {rows[best]['split']} ({mine[best]:.0%})**; "
                     f"simulated in {wall:.1f} s of this machine's time.")  # fmt: skip
         fig = plot_splits(rows, {yours: mine, DISTSERVE: distserve}, SPLITS_IN)
-        png = png_html(figure_png(fig), "TTFT, ITL and goodput by split", smallest_text_pt(fig) * DPI / 72)
+        png = png_html(figure_png(fig, DPI), "TTFT, ITL and goodput by split", smallest_text_pt(fig) * DPI / 72)
         st.markdown(png, unsafe_allow_html=True)
         st.markdown(table(rows, mine, distserve))
         replay(runs, [r["split"] for r in rows], crowd)

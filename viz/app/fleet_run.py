@@ -11,7 +11,8 @@ decode engine's queue at step t + 1: its KV is on its way between the two steps,
 trace says why the router sent it each of its requests (config["routed"]: request id -> [reason, blocks matched]); a
 hand-over needs no note: the prefill trace ends the request "handed-over", and its copy arrives in the decode trace.
 
-No Streamlit here: the step player's background worker (trace_store.py) runs fleets too.
+No Streamlit here. Each engine gets a runner of its own from `new_runner` (the app's: a replay of recorded replies,
+replays.py; tests: the model's own ModelRunner).
 """
 
 from __future__ import annotations
@@ -30,28 +31,30 @@ REPLICAS = 2
 ROLES = {"replicas": ["replica"] * REPLICAS, "pair": ["prefill", "decode"]}
 
 
-def engines_for(settings: dict, model) -> list[LayeredEngine]:
-    """The fleet's engines: the step player's settings for each (paged KV, continuous batching)."""
+def engines_for(settings: dict, new_runner) -> list[LayeredEngine]:
+    """The fleet's engines: the step player's settings for each (paged KV, continuous batching); new_runner() makes
+    each engine's runner."""
     roles = ROLES[settings["fleet"]]
+    runners = [new_runner() for _ in roles]
     cfg = EngineConfig(slots=settings["slots"], kv="paged", block_size=settings["block_size"],
                        num_blocks=settings["num_blocks"], prefix_caching=settings["prefix_caching"],
-                       max_len=model.cfg.max_seq_len)  # fmt: skip
+                       max_len=runners[0].max_len)  # fmt: skip
     meta = {"workload": settings["workload"], "seed": settings["seed"], "fleet": settings["fleet"]}
     meta |= {"route": settings["route"]} if settings["fleet"] == "replicas" else {}
     engines = []
-    for i, role in enumerate(roles):
+    for i, (role, runner) in enumerate(zip(roles, runners)):
         books = {"routed": {}} if role == "replica" else {}  # (filled in as the router sends it requests)
         policy = ContinuousScheduler(token_budget=settings["token_budget"])
-        engines.append(LayeredEngine(model, policy, cfg, meta=meta | {"role": role, "engine": i} | books))
+        engines.append(LayeredEngine(runner, policy, cfg, meta=meta | {"role": role, "engine": i} | books))
     return engines
 
 
-def run(settings: dict, model) -> list[Trace]:
+def run(settings: dict, new_runner) -> list[Trace]:
     """Serve the settings' crowd on the fleet they name (settings["fleet"]: "replicas" or "pair"); one trace per
     engine, in order (replica 0, replica 1; or prefill, decode)."""
     knobs = settings["knobs"]
     requests = make_workload(settings["workload"], ChatKnobs(**knobs) if knobs else None, settings["seed"])
-    engines = engines_for(settings, model)
+    engines = engines_for(settings, new_runner)
     if settings["fleet"] == "replicas":
         serve_replicas(engines, requests, ROUTES[settings["route"]](), settings["block_size"])
     else:

@@ -5,8 +5,8 @@
     fleet: prefill + decode  prompts on one engine, replies on the other; each hand-over is marked where the request
                              leaves the prefill engine and where it lands on the decode engine, and said in words
 
-The fleet runs in this process (fleet_run.py), once per settings, kept on disk like the step player's other runs
-(trace_store.py, whose worker also runs the other routers ahead). Each engine gets the step player's settings (seats,
+The fleet runs in this process (fleet_run.py), replayed from each prompt's recorded reply like the step player's
+other runs (replays.py). Each engine gets the step player's settings (seats,
 block size, KV blocks, token budget, the crowd), on a paged cache; the seed story, the settings' default, stands for
 the fleet's own crowd: lesson 13's (system prompts shared by many users for the replicas, long pasted texts for the
 pair). The replicas always cache prefixes, in a pool smaller than the system prompts need together unless the settings
@@ -22,7 +22,7 @@ import streamlit as st
 
 from minillm.errors import MinillmError
 from minillm.layers.trace import Trace
-from viz.app import presenter, trace_store
+from viz.app import presenter, replays
 from viz.app.playback import Transport, play
 from viz.app.trace_files import exports
 from viz.fleet import REASONS, FleetPlayer, fleet_colors, handovers, hit_rate, reason_counts, waited_behind
@@ -70,8 +70,8 @@ def one_engine_settings(run: dict) -> dict:
 
 @st.cache_resource(max_entries=6, show_spinner=False)
 def cached_fleet(run_key: str, device: str, _model) -> list[Trace]:
-    """The fleet's traces, one per engine: from disk (an earlier session, or the worker), else run here and kept."""
-    return trace_store.obtain(("fleet", json.loads(run_key), device), _model)
+    """The fleet's traces, one per engine, replayed (the model runs only for replies not recorded yet)."""
+    return replays.run("fleet", json.loads(run_key), _model())
 
 
 @st.cache_resource(max_entries=8, show_spinner=False)
@@ -79,14 +79,6 @@ def cached_players(_traces: list[Trace], run_key: str, width: int, text_px: int,
                    ) -> list[FleetPlayer]:  # fmt: skip
     colors, steps = fleet_colors(_traces), max(len(t.steps) for t in _traces)
     return [FleetPlayer(trace, colors, width, steps, text_px, height) for trace in _traces]
-
-
-def warm(settings: dict, run: dict, device: str) -> None:
-    """Ask the worker for the runs a room may ask for next: the one-engine run the pair's headline needs, the other
-    routers, the other fleet."""
-    others = [fleet_settings(settings, fleet, route) for fleet, route in FLEETS.values()]
-    jobs = [("continuous", one_engine_settings(run), device)] if run["fleet"] == "pair" else []
-    trace_store.warm(jobs + [("fleet", other, device) for other in others if other != run])
 
 
 def titles(players: list[FleetPlayer]) -> list[str]:
@@ -155,7 +147,6 @@ def show(settings: dict, device: str, schedule: str, transport: Transport, rows:
     returning the shipped model; one_engine(settings): the continuous trace of one engine (the pair's headline)."""
     fleet, route = FLEETS[schedule]
     run = fleet_settings(settings, fleet, route)
-    warm(settings, run, device)
     run_key = json.dumps(run, sort_keys=True)
     try:
         with st.spinner(f"Running the fleet: {schedule.removeprefix('fleet: ')} on {run['workload']}…"):

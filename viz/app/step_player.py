@@ -1,8 +1,8 @@
 """The step player view: the tiny model serving a crowd, static beside continuous, step by step.
 
-The engine runs once per configuration (cached in memory and on disk, trace_store.py, where a background worker
-also runs the settings one change away); playing only replays the recorded trace, so scrubbing back and forth is
-instant and every picture comes from the trace alone.
+Each setting is served by the real engine, schedulers and KV cache, replayed from each prompt's recorded reply
+(replays.py): a change costs bookkeeping, not forwards (the model runs only for prompts never answered before).
+Playing only looks up the run's trace, so scrubbing back and forth is instant and every picture comes from it.
 """
 
 from __future__ import annotations
@@ -20,7 +20,7 @@ from minillm.layers.trace import Trace
 from minillm.model.checkpoint import load_model
 from minillm.runs.metrics import one_user_left
 from minillm.runs.workload import SEED_STORY_SLOTS, WORKLOADS
-from viz.app import fleet_view, presenter, trace_store
+from viz.app import fleet_view, presenter, replays
 from viz.app.playback import Transport, play, seats_busy_headline
 from viz.app.trace_files import exports, uploaded_players
 from viz.colors import DECODE, PREFILL
@@ -78,14 +78,12 @@ def load_my_scheduler():
     return scheduler
 
 
-@st.cache_resource(max_entries=12, show_spinner=False)  # a long contiguous trace is tens of MB
+@st.cache_resource(max_entries=24, show_spinner=False)  # a long contiguous trace is tens of MB
 def cached_trace(scheduler: str, source: str, device: str, settings: str) -> Trace:
-    """One engine run as a Trace object, shared (cache_resource): replaying never copies it. Read from the disk
-    (trace_store.py) when an earlier session or the background worker has made it, else run here and kept there.
-    `source` (the student's file) is only a cache key: edits rerun it (and their runs are not kept on disk)."""
-    if scheduler == "mine":  # a name: run_workload applies the budget
-        return trace_store.run((load_my_scheduler(), json.loads(settings), device), cached_model(device))
-    return trace_store.obtain((scheduler, json.loads(settings), device), lambda: cached_model(device))
+    """One replayed run as a Trace object, shared (cache_resource): replaying never copies it. `source` (the
+    student's file) is only a cache key: an edit reruns it."""
+    policy = load_my_scheduler() if scheduler == "mine" else scheduler
+    return replays.run(policy, json.loads(settings), cached_model(device))
 
 
 @st.cache_resource(max_entries=8, show_spinner=False)
@@ -98,35 +96,11 @@ def trace_for(scheduler: str, settings: dict, device: str) -> tuple[Trace, str]:
     """The run's trace and its cache key (the student's file is part of the key: an edit reruns it)."""
     source = my_scheduler_source() if scheduler == "mine" else ""
     key = [scheduler, source, device, json.dumps(settings, sort_keys=True)]
-    with st.spinner(f"Running the engine: {TITLES[scheduler]} on {settings['workload']}…"):
+    new = replays.missing(settings)
+    doing = (f"Computing {new} repl{'y' if new == 1 else 'ies'} with the model (once for these prompts), then "
+             f"serving them: {TITLES[scheduler]}…" if new else f"Serving the crowd: {TITLES[scheduler]}…")  # fmt: skip
+    with st.spinner(doing):
         return cached_trace(*key), json.dumps(key)
-
-
-def nearby(settings: dict) -> list[dict]:
-    """The settings one change away from these, the likeliest first: the other KV layout, one seat more or fewer, each
-    other workload (its own defaults), then the seats further away and the other token budgets. What a room asks
-    for next; the background worker runs them (trace_store.warm)."""
-    other_kv = {"kv": "contiguous", "num_blocks": None, "prefix_caching": False} if settings["kv"] == "paged" else {
-        "kv": "paged"}  # fmt: skip
-    seats = sorted((s for s in range(1, MAX_SEATS + 1) if s != settings["slots"]),
-                   key=lambda s: abs(s - settings["slots"]))  # fmt: skip
-    workloads = [settings | {"workload": w, "knobs": None if w == "seed-story" else DEFAULT_KNOBS, "seed": 0,
-                             "slots": SEED_STORY_SLOTS if w == "seed-story" else DEFAULT_SEATS}
-                 for w in WORKLOADS if w != settings["workload"]]  # fmt: skip
-    near = [settings | other_kv, *(settings | {"slots": s} for s in seats[:2]), *workloads]
-    far = [settings | {"slots": s} for s in seats[2:]] + [settings | {"token_budget": b} for b in BUDGETS
-                                                         if b != settings["token_budget"]]  # fmt: skip
-    return near + far
-
-
-def warm_nearby(settings: dict, device: str, schedule: str) -> None:
-    """Have the worker run the settings a room may change to next, for both policies (not the student's); first
-    those on screen in the reverse order (the worker runs the second while this session runs the first)."""
-    policies = [scheduler for scheduler in SCHEDULES[schedule] if scheduler != "mine"]
-    if policies == SCHEDULES[schedule]:  # (beside the student's scheduler, only the policy shown with it)
-        policies = ["static", "continuous"]
-    shown = [(scheduler, settings, device) for scheduler in reversed(SCHEDULES[schedule]) if scheduler != "mine"]
-    trace_store.warm(shown + [(scheduler, s, device) for s in nearby(settings) for scheduler in policies])
 
 
 # --- the settings (the sidebar; in the presenter view, an expander) ------------------------------------------------
@@ -213,9 +187,17 @@ def story_moment(players: list[tuple[str, TracePlayer]]) -> str:
     )
 
 
+HOW_TO_READ = (
+    "Each column of a chart is one engine step: every seated user decodes one token (blue) or runs its prompt, or a "
+    "chunk of it (orange). Static batching keeps a finished request's seat until the whole batch is done; continuous "
+    "batching gives the seat to the next user at once."
+)
+
+
 def comparison(players: list[tuple[str, TracePlayer]], row=None) -> None:
-    """The headline of a side-by-side view, over the whole run (with the articles' figures for the seed story)."""
-    seats_busy_headline(players, story_moment(players), row)
+    """The headline of a side-by-side view, over the whole run; how to read the charts and the articles' figures
+    (the seed story) behind its "why?"."""
+    seats_busy_headline(players, f"{HOW_TO_READ} {story_moment(players)}".strip(), row)
 
 
 def live_players(settings: dict, device: str, schedule: str) -> list[tuple[str, TracePlayer]]:
@@ -242,12 +224,6 @@ def live_players(settings: dict, device: str, schedule: str) -> list[tuple[str, 
 
 
 def show() -> None:
-    if not presenter.on():  # (the presenter says it)
-        st.caption(
-            "Each column of the chart is one engine step: every seated user decodes one token (blue) or runs its "
-            "prompt, or a chunk of it (orange). Static batching keeps a finished request's seat until the whole "
-            "batch is done; continuous batching gives the seat to the next user at once."
-        )
     start = st.query_params.get("step", "0")  # ?step=300 opens at that step: a link to a moment of the lesson
     transport = Transport(position=int(start) if start.isdigit() else 0)
     st.session_state.setdefault("upload_bytes", None)
@@ -259,7 +235,6 @@ def show() -> None:
         fleet_view.show(settings, device, schedule, transport, [trace_at, *headline_at], lambda: cached_model(device),
                         one_engine)  # fmt: skip
         return
-    warm_nearby(settings, device, schedule)
     players = uploaded_players() or live_players(settings, device, schedule)
     exports(players, trace_at)
     if players:

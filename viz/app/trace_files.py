@@ -1,4 +1,4 @@
-"""A trace to and from a file: the step player's downloads (the trace as JSON, its occupancy chart as a PNG) and
+"""A trace to and from a file: the step player's downloads (the trace as JSON, its seat chart as a PNG) and
 an uploaded trace replayed in place of the live runs (a bad file is reported in a line, never a traceback).
 """
 
@@ -11,7 +11,6 @@ import streamlit as st
 
 from minillm.layers.trace import Trace
 from minillm.runs import trace_file
-from viz import plot_occupancy
 from viz.app import presenter
 from viz.player import TracePlayer
 
@@ -57,7 +56,7 @@ def exports(players: list[tuple[str, TracePlayer]], where=None) -> None:
         )
         bar.download_button(
             f"⬇ occupancy PNG ({title})",
-            data=lambda t=trace: figure_png(plot_occupancy(t)),
+            data=lambda p=player: p.frame(p.last_step).occupancy_png,  # (the chart on screen, whole run)
             file_name=f"{name}.png",
             mime="image/png",
             on_click="ignore",
@@ -65,9 +64,10 @@ def exports(players: list[tuple[str, TracePlayer]], where=None) -> None:
     bar.file_uploader("replay a saved trace (.json)", type=["json"], key="upload", on_change=remember_upload)
 
 
-def figure_png(fig) -> bytes:
+def figure_png(fig, dpi: int = 150) -> bytes:
+    """A matplotlib figure as PNG bytes (the what-if view's charts)."""
     buffer = io.BytesIO()
-    fig.savefig(buffer, format="png", dpi=150)
+    fig.savefig(buffer, format="png", dpi=dpi)
     return buffer.getvalue()
 
 
