@@ -47,7 +47,10 @@ def main() -> None:
         presenter.toggle(bar)
     else:
         title, switch = st.columns([5, 1.4], vertical_alignment="center")
-        title.title("minillm: one GPU, many users")
+        title.markdown(
+            '<div style="font-size:1.6rem;font-weight:700;line-height:1.2">minillm: one GPU, many users</div>',
+            unsafe_allow_html=True,
+        )  # (one line, not a st.title: the charts start on the first screen)
         presenter.toggle(switch)
     server = live_flag(sys.argv[1:])
     if server is not None:

@@ -2,7 +2,7 @@
 
     python docs/screenshot.py http://localhost:8599/?step=300 docs/app.png [--play SECONDS] [--view what-if]
         [--size 1280,720] [--present] [--press KEY ...] [--open LABEL] [--check-labels] [--check-layout [--kv]]
-        [--check-lettering [PX]]
+        [--check-lettering [PX]] [--measure]
 
 Waits until the app has drawn a frame (a plain --screenshot fires before the engine's first run
 is done), optionally presses play for a while, then saves the PNG (in at most 256 colours: a
@@ -20,6 +20,8 @@ measured and makes the exit status 1 when it fails (tests/test_presenter.py runs
                      viewport's height, the step's event, the queue and the play button are on it (--kv: the KV map)
   --check-lettering  every picture marked with its lettering (data-text-px): its letters on screen, scaled by the
                      width the browser shows it at, are at least PX px (default 14 in --present, else 10)
+--measure prints one line "measure: {JSON}" (screenshot_checks.measure): the seat charts' share of the first screen,
+their tops before and while playing, and for 20 frames of play the step of the caption, the slider and each panel.
 """
 
 from __future__ import annotations
@@ -36,6 +38,7 @@ import time
 import urllib.request
 
 from PIL import Image
+from screenshot_checks import CUT_LABELS_JS, LAYOUT_JS, layout_problems, lettering_problems, measure
 from tornado.websocket import websocket_connect
 
 CHROMIUM_FLAGS = [  # the flags this project's machines need (no network, no sandbox for root, no GPU)
@@ -51,8 +54,8 @@ CHROMIUM_FLAGS = [  # the flags this project's machines need (no network, no san
 ]
 # the player's caption: "step 300 (of 996 steps: 0–995)" (the tiny model), "12.5 s of 75.6 s (simulated)" (what-if),
 # or the live view's "step 2,971 · the last 300 steps ..." ("engine idle for 5 s · ..." once the load has stopped)
-CAPTION_JS = (
-    "[...document.querySelectorAll('p')].map(p => p.innerText)"
+CAPTION_JS = (  # (the step player's caption is marked data-caption; the live view's is a paragraph)
+    "[...document.querySelectorAll('[data-caption], p')].map(p => p.innerText)"
     ".find(t => /^(step \\d+ \\(of|[\\d.]+ s of|step [\\d,]+ · the last|engine idle)/.test(t)) || ''"
 )
 RUNNING_JS = "document.querySelector('[data-test-script-state]')?.dataset.testScriptState !== 'notRunning'"
@@ -65,107 +68,6 @@ OPEN_JS = (  # (the button's text: a popover's icon is a ligature's name, "info"
     "(b => b ? (b.click(), true) : false)([...document.querySelectorAll('button')]"
     ".find(b => b.innerText.replace(/^[a-z_]+\\n/, '').trim().startsWith(%s)))"
 )
-# What the browser drew wider than its box, whatever the element: each text's laid-out extent (a Range's rectangles,
-# the whole text even where an ellipsis or a clip hides its end) against the content box of the block it sits in (its
-# nearest ancestor that is not inline), and each text field's value (a select box shows its choice in an <input>,
-# which has no text node) measured in the field's own font against the field's inner width. Text in a box meant to
-# scroll sideways (a code block) and text a screen reader reads but nobody sees (boxes of 2 px or less) are left out.
-# Each as "text (needs N px, has M px)".
-CUT_LABELS_JS = """(() => {
-  const cut = [];
-  const px = v => parseFloat(v) || 0;
-  const inner = el => {
-    const r = el.getBoundingClientRect(), s = getComputedStyle(el);
-    const left = r.left + px(s.borderLeftWidth) + px(s.paddingLeft);
-    return {left, right: r.right - px(s.borderRightWidth) - px(s.paddingRight)};
-  };
-  const shown = el => el.getClientRects().length > 0 && getComputedStyle(el).visibility !== 'hidden';
-  const scrolls = el => {
-    for (let e = el; e && e !== document.body; e = e.parentElement)
-      if (['auto', 'scroll'].includes(getComputedStyle(e).overflowX) && e.tagName !== 'BODY' &&
-          e.scrollWidth > e.clientWidth + 1 && e.closest('pre, code, [data-testid="stCode"]')) return true;
-    return false;
-  };
-  const walker = document.createTreeWalker(document.body, NodeFilter.SHOW_TEXT);
-  for (let node = walker.nextNode(); node; node = walker.nextNode()) {
-    const text = node.textContent.trim();
-    const parent = node.parentElement;
-    if (!text || !parent || parent.closest('script, style, noscript, template') || !shown(parent)) continue;
-    let box = parent;
-    while (box.parentElement && ['inline', 'contents'].includes(getComputedStyle(box).display)) box = box.parentElement;
-    if (box.clientWidth <= 2 || scrolls(box)) continue;
-    const range = document.createRange();
-    range.selectNodeContents(node);
-    const rects = [...range.getClientRects()].filter(r => r.width > 0 && r.height > 0);
-    if (!rects.length) continue;
-    const left = Math.min(...rects.map(r => r.left)), right = Math.max(...rects.map(r => r.right));
-    const has = inner(box);
-    const needs = Math.ceil(right - left), room = Math.floor(has.right - has.left);
-    if (right > has.right + 1 || left < has.left - 1)
-      cut.push(`${text.slice(0, 60)} (needs ${needs} px, has ${room} px)`);
-  }
-  const context = document.createElement('canvas').getContext('2d');
-  for (const field of document.querySelectorAll('input:not([type]), input[type="text"], input[type="number"]')) {
-    if (!field.value || !shown(field) || field.clientWidth <= 2) continue;
-    const s = getComputedStyle(field);
-    context.font = `${s.fontStyle} ${s.fontWeight} ${s.fontSize} ${s.fontFamily}`;
-    const needs = Math.ceil(context.measureText(field.value).width);
-    const has = Math.floor(field.clientWidth - px(s.paddingLeft) - px(s.paddingRight));
-    if (needs > has + 1) cut.push(`${field.value.slice(0, 60)} (needs ${needs} px, has ${has} px)`);
-  }
-  return JSON.stringify([...new Set(cut)]);
-})()"""
-# Where things fall on the first screen: each picture's box and the painted picture in it (a contained picture can be
-# narrower or shorter than its box), its lettering scaled to the screen, and the boxes of the step's event, the queue,
-# the play button and the KV map.
-LAYOUT_JS = """(() => {
-  const box = el => { const r = el.getBoundingClientRect(); return {top: r.top, bottom: r.bottom, height: r.height}; };
-  const pictures = [...document.querySelectorAll('img')].filter(i => i.getClientRects().length).map(i => {
-    const r = i.getBoundingClientRect(), s = getComputedStyle(i);
-    let scale = Math.min(r.width / i.naturalWidth, r.height / i.naturalHeight);  // contain (and fill, near enough)
-    if (s.objectFit === 'none' || (s.objectFit === 'scale-down' && scale > 1)) scale = 1;
-    const shown = i.naturalHeight * scale, width = i.naturalWidth * scale;
-    const top = r.top + (r.height - shown) * (parseFloat(s.objectPosition.split(' ')[1]) || 0) / 100;
-    return {alt: i.alt, chart: i.hasAttribute('data-chart'), top, bottom: top + shown, height: shown, width,
-            drawn: i.naturalWidth, text_px: i.dataset.textPx ? parseFloat(i.dataset.textPx) * scale : null};
-  });
-  const first = sel => {
-    const e = document.querySelector(sel);
-    return e && e.getClientRects().length ? box(e) : null;
-  };
-  const play = [...document.querySelectorAll('button')].find(b => /^(play|pause)/.test(b.innerText.trim()));
-  return JSON.stringify({viewport: [innerWidth, innerHeight], pictures, event: first('[data-event]'),
-    queue: first('[data-queue]'), play: play ? box(play) : null,
-    kv: pictures.find(p => p.alt.startsWith('KV blocks')) || null});
-})()"""
-
-
-def layout_problems(layout: dict, kv: bool = False) -> list[str]:
-    """What --check-layout fails on (the step player in the presenter view): the seat charts must start on the first
-    screen and each show at least half its height; the step's event, the queue and the play button must be wholly
-    on it, and with kv the KV map too."""
-    height = layout["viewport"][1]
-    charts = [p for p in layout["pictures"] if p["chart"]]
-    problems = [] if charts else ["no seat chart on the page"]
-    for chart in charts:
-        visible = min(chart["bottom"], height) - max(chart["top"], 0)
-        if chart["top"] >= height or visible < height / 2:
-            shows = f"shows {max(visible, 0):.0f} px of a {height} px screen (top {chart['top']:.0f})"
-            problems.append(f"a seat chart {shows}")
-    wanted = {"the step's event": layout["event"], "the queue": layout["queue"], "the play button": layout["play"]}
-    if kv:
-        wanted["the KV map"] = layout["kv"]
-    for what, where in wanted.items():
-        if where is None or where["top"] < 0 or where["bottom"] > height + 0.5:
-            problems.append(f"{what} is not on the first screen ({where and round(where['top'])} to "
-                            f"{where and round(where['bottom'])} of {height} px)")  # fmt: skip
-    return problems
-
-
-def lettering_problems(layout: dict, goal: float) -> list[str]:
-    return [f"{p['alt'] or 'a picture'}: lettering {p['text_px']:.1f} px on screen (drawn {p['drawn']} px wide, shown "
-            f"{p['width']:.0f}), under {goal:g}" for p in layout["pictures"]
-            if p["text_px"] is not None and p["text_px"] < goal - 0.05]  # fmt: skip
 
 
 class DevTools:
@@ -231,7 +133,14 @@ async def open_page(tools: DevTools, url: str, size: str) -> None:
     await asyncio.sleep(1.5)  # let the last fragments and images land
 
 
-KEYS = {"Space": (" ", 32), "ArrowRight": ("ArrowRight", 39), "ArrowLeft": ("ArrowLeft", 37), "Home": ("Home", 36)}
+KEYS = {
+    "Space": (" ", 32),
+    "ArrowRight": ("ArrowRight", 39),
+    "ArrowLeft": ("ArrowLeft", 37),
+    "Home": ("Home", 36),
+    "PageUp": ("PageUp", 33),
+    "PageDown": ("PageDown", 34),
+}
 
 
 async def press(tools: DevTools, name: str) -> None:
@@ -271,6 +180,8 @@ async def screenshot(url: str, out: str | None, args) -> int:
             opened = await tools.evaluate(OPEN_JS % json.dumps(args.open))
             print(f"opened {args.open!r}" if opened else f"no button {args.open!r} to open")
             await asyncio.sleep(1.0)
+        if args.measure:
+            print("measure:", json.dumps(await measure(tools.evaluate, PLAY_JS)))
         problems = []
         if args.check_labels:
             cut = json.loads(await tools.evaluate(CUT_LABELS_JS))
@@ -314,6 +225,7 @@ if __name__ == "__main__":
     parser.add_argument("--open", default=None, help="click the button whose text starts with this (a popover)")
     parser.add_argument("--check-labels", action="store_true", help="list the texts the browser cut; exit 1 if any")
     parser.add_argument("--check-layout", action="store_true", help="the step player's first screen (docstring)")
+    parser.add_argument("--measure", action="store_true", help="print the charts' share, tops, 20 frames (JSON)")
     parser.add_argument("--kv", action="store_true", help="with --check-layout: the KV map on the first screen too")
     parser.add_argument(
         "--check-lettering",

@@ -50,18 +50,35 @@ def open_app(view: str | None = None, **state) -> AppTest:
     return at.run()
 
 
+def player_caption(at: AppTest) -> str:
+    """The step player's caption ("step 12 (of 996 steps: 0–995) · paused"): the first line of its frame's block."""
+    return unescape(next(re.search(r"<div data-caption[^>]*>([^<]*)<", m.value).group(1) for m in at.markdown
+                         if "data-caption" in m.value))  # fmt: skip
+
+
 def shown_step(at: AppTest) -> int:
-    caption = next(c.value for c in at.caption if c.value.startswith("step "))
-    return int(caption.split()[1])
+    return int(player_caption(at).split()[1])
 
 
 def shown_seconds(at: AppTest) -> float:
-    caption = next(c.value for c in at.caption if re.match(r"[\d.]+ s of", c.value))
-    return float(caption.split()[0])
+    return float(player_caption(at).split()[0])
+
+
+def walk(node):
+    yield node
+    for child in getattr(node, "children", {}).values():
+        yield from walk(child)
 
 
 def subheaders(at: AppTest) -> list[str]:
-    return [s.value for s in at.subheader]
+    """The subheaders and the players' panel titles (data-title, in a frame's block), in page order."""
+    found = []
+    for node in walk(at.main):
+        if getattr(node, "type", "") == "markdown" and "data-frame" in node.value:
+            found += [unescape(t) for t in re.findall(r'data-title="([^"]*)"', node.value)]
+        elif node in at.subheader:
+            found.append(node.value)
+    return found
 
 
 def headline(at: AppTest) -> str:
@@ -119,9 +136,10 @@ def test_opens_on_the_seed_story_side_by_side_ready_to_play():
     assert shown_step(at) == 0
     assert at.button(key="play").label.endswith("play")
     callout = headline(at)
-    assert "Seats busy over the whole run" in callout and "Last request done: static step" in callout
-    assert "~9% vs ~93%" in callout  # the articles' figures, beside the moment they describe
-    assert sum("data:image/png;base64" in m.value for m in at.markdown) == 4  # seats + KV map, each side
+    why = next(m.value for m in at.markdown if m.value.startswith("Same requests and seats"))  # its popover
+    assert "Seats busy, whole run:" in callout and "All requests done in: static " in why
+    assert "~9% vs ~93%" in why  # the articles' figures, beside the moment they describe
+    assert sum(m.value.count("data:image/png;base64") for m in at.markdown) == 4  # seats + KV map, each side
 
 
 def test_step_forward_back_and_scrub():
@@ -183,7 +201,7 @@ def test_the_kv_bar_agrees_with_the_seats_when_the_last_reply_of_a_batch_ends():
     at = open_app(step=last)
     used = [
         int(n)
-        for n in re.findall(r"\*\*KV memory\*\*: (\d+) of \d+ blocks in use", " ".join(m.value for m in at.markdown))
+        for n in re.findall(r"<b>KV memory</b>: (\d+) of \d+ blocks in use", " ".join(m.value for m in at.markdown))
     ]
     assert len(used) == 2 and used[0] > 0  # static: B alone, decoding
     assert any('title="finished (eos)"' in m.value for m in at.markdown)
@@ -291,9 +309,7 @@ def test_token_budget_bar_and_shared_blocks_with_prefix_caching():
     assert "64 of a 64-token budget" in text and "64 prefill" in text  # step 0: a long prompt's first chunk
     assert "shared by n requests" in text  # the KV legend, with prefix caching
     shared = []
-    last = int(
-        re.search(r"steps: 0–(\d+)\)", next(c.value for c in at.caption if c.value.startswith("step "))).group(1)
-    )
+    last = int(re.search(r"steps: 0–(\d+)\)", player_caption(at)).group(1))
     for step in range(2, last + 1, 3):  # later users take the first one's cached blocks for a few steps
         at.slider(key="step").set_value(step).run()
         found = re.search(r"; (\d+) shared by several requests", " ".join(m.value for m in at.markdown))
@@ -334,7 +350,7 @@ def test_the_fleet_view_shows_two_replicas_and_why_each_request_went_where(fleet
     traces = fleet_traces["cache-aware"]
     assert subheaders(at) == [f"replica {i}: {len(t.requests)} users" for i, t in enumerate(traces)]
     assert sum(len(t.requests) for t in traces) == 32  # lesson 13's crowd, each user on one replica
-    assert sum("data-chart" in m.value for m in at.markdown) == 2
+    assert sum(len(re.findall(r"<img[^>]*data-chart", m.value)) for m in at.markdown) == 2
     counts = Counter(reason for t in traces for reason, _ in t.config["routed"].values())
     legend = next(m.value for m in at.markdown if "routed:" in m.value)
     assert all(f"{REASONS[reason][1]} {n}" in legend for reason, n in counts.items()) and counts["prefix_hit"]

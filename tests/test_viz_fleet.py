@@ -9,11 +9,11 @@ import numpy as np
 import pytest
 from PIL import Image
 
+from minillm.engine.runner import ModelRunner
 from minillm.model.tokenizer import decode as decode_tokens
 from minillm.runs.run import run_workload
 from minillm.runs.workload import ChatKnobs
 from tests.conftest import one_torch_thread
-from minillm.engine.runner import ModelRunner
 from viz.app import fleet_run
 from viz.colors import rgb255
 from viz.events import describe, step_events

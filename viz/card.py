@@ -73,8 +73,9 @@ def plot_memory_split(plan: dict, ax=None) -> Figure:
     ax.set_title(f"{plan['model']} ({plan['dtype']} weights, {plan['kv_dtype']} KV) {cards}: {users}",
                  loc="left", fontsize=11)  # fmt: skip
     ncol = 5 if ax.figure.get_figwidth() >= 9 else 3  # a narrow figure: the legend in two rows
-    if ax.get_subplotspec() is not None and len(ax.figure.axes) == 1:  # a figure of its own: legend under the bar
-        ax.figure.legend(loc="outside lower center", ncol=ncol, frameon=False, fontsize=9)
+    if ax.get_subplotspec() is not None and len(ax.figure.axes) == 1:  # a figure of its own: the legend beside the
+        # bar (under it, it fell below the first screen of the what-if view at 1280x720)
+        ax.figure.legend(loc="outside right center", ncol=1, frameon=False, fontsize=9)
     else:
         ax.legend(loc="upper center", bbox_to_anchor=(0.5, -0.4), ncol=ncol, frameon=False, fontsize=9)
     return ax.figure

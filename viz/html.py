@@ -175,6 +175,26 @@ def headline_html(label: str, parts: list[tuple[str, str]], note: str = "", one_
     return f'<div style="{box}">{label}<div>{numbers}</div>{under}</div>'
 
 
+CAPTION = "font-size:1rem;line-height:1.4;height:1.4em;white-space:nowrap;overflow:hidden;text-overflow:ellipsis"
+
+
+def caption_html(label: str, playing: bool, position: int) -> str:
+    """Where the player is ("step 158 (of 996 steps: 0–995) · playing"): one line of normal-size text, as tall
+    playing or paused (a line that wrapped pushed the charts down mid-play). data-step: the position."""
+    state = "playing" if playing else "paused"
+    return f'<div data-caption data-step="{position}" style="{CAPTION}">{escape(label)} · {state}</div>'
+
+
+def frame_html(caption: str, legend: str, panels: str, columns: int) -> str:
+    """A player's frame as one block: the caption and the legend on a line (the legend wraps under the caption when
+    the line is too short), then the panels side by side, one column each (as st.columns(columns) would lay them)."""
+    top = "display:flex;flex-wrap:wrap;align-items:center;column-gap:2rem;row-gap:0.2rem;margin-bottom:0.2rem"
+    grid = f"display:grid;grid-template-columns:repeat({columns}, minmax(0, 1fr));gap:1rem"
+    block = (f'<div data-frame style="margin-bottom:1rem"><div style="{top}">{caption}{legend}</div>'
+             f'<div style="{grid}">{panels}</div></div>')  # fmt: skip
+    return block.replace("\n", " ")  # (an HTML block in markdown ends at a blank line: a reply's text may hold one)
+
+
 def chip(request_id: str, color: str) -> str:
     """A request's id on its colour; never broken across lines ("r1" / "7")."""
     return (

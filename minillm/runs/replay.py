@@ -164,6 +164,13 @@ class ReplayRunner(ModelRunner):
         super().__init__(model)
         self.book, self.clock = book, ReplayClock()
 
+    def make_cache(self, cfg: EngineConfig, max_len: int):
+        """The real cache, whose books (blocks, prefix keys, lengths) move exactly as in a real run; a replay writes
+        no keys or values, so its steps skip the attention plan (a third of a replayed step's time)."""
+        cache = super().make_cache(cfg, max_len)
+        cache.plan_rows = lambda *args: None
+        return cache
+
     @torch.no_grad()
     def run(self, batch: Batch, cache, picker) -> list[int]:
         self.prepare(batch, cache)  # the cache's books plan the step exactly as a real one

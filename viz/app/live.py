@@ -44,7 +44,7 @@ IDLE_S = 2.0  # no new step for this long: say the engine is idle (the picture i
 REPLIES_SHOWN = {False: 12, True: 5}  # normal view, presenter view: whole bubbles, none cut off by a scroll box
 FRAMES_TIMED = 20  # the frame interval shown is the median over this many frames
 INSTRUCTOR_LINE = "python -m minillm serve --host 0.0.0.0"
-STUDENT_LINE = (  # README, Run a workshop: a student's one line
+STUDENT_LINE = (  # docs/workshop.md, The room as the crowd: a student's one line
     "curl http://ROOM-ADDRESS:8000/v1/chat/completions -H 'Content-Type: application/json' "
     """-d '{"messages": [{"role": "user", "content": "count down from 40"}], "stream": true}'"""
 )
@@ -75,17 +75,14 @@ class LiveFeed:
         self.player, self.frame = None, None  # (TracePlayer, Frame): the newest state and its drawing
         self.size = presenter.ChartSize(1200, 12)  # how the chart is drawn (the view sets it before each poll)
         self.drawn_size = self.size
-        self.poll_ms = self.frame_ms = 0.0  # the last poll (HTTP and merge); the last frame's drawing
         self.frame_starts: deque[float] = deque(maxlen=FRAMES_TIMED + 1)
 
     def poll(self) -> int:
         """Ask for the steps after the newest one held and merge them; returns how many came."""
-        began = time.perf_counter()
         params = {"last_steps": WINDOW_STEPS}
         if self.window.since_step is not None:
             params["since_step"] = self.window.since_step
         new = self.window.add(self._get_trace(params))
-        self.poll_ms = 1000 * (time.perf_counter() - began)
         if new or self.player is None or self.drawn_size != self.size:  # (a new step, or the presenter toggled)
             self._rebuild()
         if new:
@@ -191,7 +188,7 @@ def sidebar(where=None, button_at=None) -> None:
     else:
         button.button("connect", icon=":material/play_arrow:", key="live_connect", on_click=connect, type="primary",
                       width="stretch")  # fmt: skip
-    bar.caption("The instructor (the room's network: see README, Run a workshop):")
+    bar.caption("The instructor (the room's network: see docs/workshop.md, The room as the crowd):")
     bar.code(INSTRUCTOR_LINE, language="bash", wrap_lines=True)  # (inline code would not wrap: cut in a sidebar)
     bar.caption("Each student, with the instructor's address:")
     bar.code(STUDENT_LINE, language="bash", wrap_lines=True)
@@ -226,10 +223,8 @@ def draw(live: LiveFeed, interval_ms: float | None) -> None:
     first, last = config["first_step"], config["first_step"] + player.last_step
     idle = time.monotonic() - live.new_step_at
     state = f"engine idle for {idle:.0f} s" if idle > IDLE_S else f"step {last:,}"
-    timing = f"poll {live.poll_ms:.0f} ms, last frame drawn in {live.frame_ms:.0f} ms"
-    if interval_ms is not None:
-        timing += f", a frame every {interval_ms:.0f} ms"
-    st.caption(f"{state} · the last {player.last_step + 1} steps ({first:,} to {last:,}) · {timing}")
+    redrawn = "" if interval_ms is None else f" · redrawn every {interval_ms / 1000:.2g} s"  # (no developer's figures)
+    st.caption(f"{state} · the last {player.last_step + 1} steps ({first:,} to {last:,}){redrawn}")
     f = window_figures(table)
     if presenter.on():  # the room's one number: how much the server makes, and how full it is
         rate = "–" if f["tokens_per_s"] is None else f"{f['tokens_per_s']:,.0f}"
@@ -280,7 +275,6 @@ def _live_frame(connected: bool) -> None:
     if not connected:
         st.info(f"Paused (disconnected from {url}): the last steps received. Connect to follow the server again.")
     draw(live, interval_ms)
-    live.frame_ms = 1000 * (time.perf_counter() - live.frame_starts[-1]) - (live.poll_ms if connected else 0.0)
 
 
 def show() -> None:

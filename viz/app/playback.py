@@ -17,8 +17,10 @@ import streamlit as st
 from minillm.model.tokenizer import VOCAB_SIZE
 from viz.app import presenter
 from viz.html import (
+    caption_html,
     event_html,
     figures_html,
+    frame_html,
     headline_html,
     kv_legend,
     kv_memory_html,
@@ -84,7 +86,8 @@ class Transport:
 
 
 def controls(transport: Transport, timeline: Timeline) -> None:
-    """Transport buttons (keyboard: Home, ←, Space, →), speed, and the position slider."""
+    """Transport buttons (keyboard: Home, ← or PageUp, Space, → or PageDown: a clicker sends PageUp and PageDown),
+    speed, and the position slider."""
     last, key = timeline.last, transport.key
     widths = [1, 1, 1.9, 1, 2.8, 8] if presenter.on() else [1.4, 1.4, 2.2, 1.4, 3.6, 8]  # (each holds its longest text)
     row = st.columns(widths, vertical_alignment="center")
@@ -92,12 +95,13 @@ def controls(transport: Transport, timeline: Timeline) -> None:
     row[0].button("", icon=icon("skip_previous"), key=key("restart"), on_click=transport.go_to, args=(0,),
                   shortcut="Home", help="to the start (Home)")  # fmt: skip
     row[1].button("", icon=icon("chevron_left"), key=key("back"), on_click=transport.shift, args=(-1, last),
-                  shortcut="Left", help="a step back (←)")  # fmt: skip
+                  shortcut="Left", help="a step back (← or PageUp)")  # fmt: skip
     label, symbol = ("pause", "pause") if transport.playing else ("play", "play_arrow")
     row[2].button(label, icon=icon(symbol), key=key("play"), on_click=transport.toggle, args=(last,), shortcut="Space",
                   help="play or pause (Space)")  # fmt: skip
     row[3].button("", icon=icon("chevron_right"), key=key("forward"), on_click=transport.shift, args=(1, last),
-                  shortcut="Right", help="a step forward (→)")  # fmt: skip
+                  shortcut="Right", help="a step forward (→ or PageDown)")  # fmt: skip
+    clicker_keys(transport, last, row[0])
     row[4].selectbox("speed", SPEEDS, key=key("speed"), format_func=timeline.speed_label, label_visibility="collapsed")
     if last == 0:
         return
@@ -114,6 +118,19 @@ def controls(transport: Transport, timeline: Timeline) -> None:
                       format="%.1f s", on_change=seek, label_visibility="collapsed")  # fmt: skip
 
 
+CLICKER_KEYS = {"PageUp": -1, "PageDown": 1}  # a clicker's back and forward: a step, as ← and →
+
+
+def clicker_keys(transport: Transport, last: int, where) -> None:
+    """A button takes one shortcut: ← and → have the visible ones, PageUp and PageDown (what a presenter's clicker
+    sends) each a button of their own, in a container the CSS takes out of the layout and out of sight (ALWAYS in
+    presenter.py): no room taken, nothing drawn, the keys still reach them."""
+    keys = where.container(key=transport.key(presenter.HIDDEN_KEYS))
+    for name, delta in CLICKER_KEYS.items():
+        keys.button("", key=transport.key(name.lower()), on_click=transport.shift, args=(delta, last), shortcut=name,
+                    help=f"a step {'back' if delta < 0 else 'forward'} ({name})")  # fmt: skip
+
+
 def png_html(png: bytes, alt: str, text_px: float | None = None, chart: bool = False, hover: str = "") -> str:
     """The picture inline, as wide as its column. text_px: its smallest lettering in the PNG's pixels, for the
     browser check (docs/screenshot.py --check-lettering) to scale by the width it is shown at; chart: a seat chart
@@ -123,11 +140,6 @@ def png_html(png: bytes, alt: str, text_px: float | None = None, chart: bool = F
     marks += f' title="{escape(hover)}"' if hover else ""
     style = "width:100%;display:block;object-position:left top"  # (Streamlit's scale-down: never blown up)
     return f'<img src="data:image/png;base64,{data}" alt="{alt}"{marks} style="{style}">'
-
-
-def show_png(png: bytes, alt: str, text_px: float | None = None, chart: bool = False) -> None:
-    """Inline the picture in the page: st.image's media files can vanish mid-playback and show as broken."""
-    st.markdown(png_html(png, alt, text_px, chart), unsafe_allow_html=True)
 
 
 def _num(value, fmt: str) -> str:
@@ -171,41 +183,38 @@ def seats(n: int) -> str:
     return f"{n} seat{'' if n == 1 else 's'}"
 
 
-def panel(title: str, player: TracePlayer, step: int) -> None:
-    """One run at one step: figures, seats, what happened this step, the step's tokens, queue, KV memory, replies.
-    The presenter view puts what the room watches first (seats, the step's event, the queue, the KV memory: at
-    1920x1080 all of it on the first screen), the figures after."""
-    frame = player.frame(step)
+def panel_html(title: str, player: TracePlayer, frame, position: int) -> str:
+    """One run at one step, as HTML: its title, figures, seats, what happened this step, the step's tokens, queue,
+    KV memory, replies. The presenter view puts what the room watches first (seats, the step's event, the queue:
+    at 1280x720 all of it on the first screen, and the KV memory wholly under it; at 1920x1080 the KV map too), the
+    figures after; the normal view the seats and the event, then the figures, tokens, queue and KV memory.
+    data-step: the step it draws (its run's: a finished run stays on its last); data-position: the caption's."""
     done = ""
-    if step >= player.last_step:
-        when = f"{player.end_s:.1f} s" if player.simulated else f"step {player.last_step}"
-        done = f" (finished at {when})"
-    st.subheader(f"{title}{done}")
+    if frame.step >= player.last_step:
+        done = f" (done in {player.end_s:.1f} s)" if player.simulated else f" (done in {player.last_step + 1:,} steps)"
+    head = (f'<div data-title="{escape(title)}" style="font-size:1.25rem;font-weight:600;line-height:1.2">'
+            f"{escape(title + done)}</div>")  # fmt: skip
     alt = f"who sits in each seat, up to step {frame.step}"
     chart = png_html(frame.occupancy_png, alt, player.text_px, True, masks_hover(frame))
     event = event_html(frame.step, frame.event)
     queue = queue_html(frame.waiting, player.colors, frame.metrics["queue_length"])
     made = None if player.simulated else frame.metrics["tokens"]
     tokens = token_budget_html(frame.tokens, player.budget, player.bar_tokens, made)
+    numbers, kv = figures(player, frame.metrics), kv_html(player, frame)
     if presenter.on():
-        st.markdown(f"<div>{chart}{event}{queue}</div>", unsafe_allow_html=True)  # one block: no gaps between them
-        kv_memory(player, frame)
-        st.markdown(figures(player, frame.metrics), unsafe_allow_html=True)
-        st.markdown(tokens, unsafe_allow_html=True)
+        parts = [f"<div>{chart}{event}{queue}</div>", kv, numbers, tokens]
     else:
-        st.markdown(figures(player, frame.metrics), unsafe_allow_html=True)
-        st.markdown(f"<div>{chart}{event}</div>", unsafe_allow_html=True)
-        st.markdown(tokens, unsafe_allow_html=True)
-        st.markdown(queue, unsafe_allow_html=True)
-        kv_memory(player, frame)
+        parts = [f"<div>{chart}{event}</div>", numbers, tokens, queue, kv]
     if frame.replies:
-        st.markdown(replies_html(frame.replies, frame.not_arrived), unsafe_allow_html=True)
+        parts.append(replies_html(frame.replies, frame.not_arrived))
     else:
         m, rejected = frame.metrics, player.progress.rejected
-        st.markdown(
-            f"**Requests**: {m['finished']} finished, {m['running']} running, {m['queue_length']} waiting, "
-            f"{frame.not_arrived} not arrived yet" + (f", {rejected} rejected" if rejected else "")
-        )
+        parts.append(f"<div><b>Requests</b>: {m['finished']} finished, {m['running']} running, {m['queue_length']} "
+                     f"waiting, {frame.not_arrived} not arrived yet" + (f", {rejected} rejected" if rejected else "")
+                     + "</div>")  # fmt: skip
+    column = f"display:flex;flex-direction:column;gap:{0.25 if presenter.on() else 0.5}rem;min-width:0"
+    return (f'<div data-panel="{escape(title)}" data-step="{frame.step}" data-position="{position}" '
+            f'style="{column}">{head}{"".join(parts)}</div>')  # fmt: skip
 
 
 def masks_hover(frame) -> str:
@@ -216,44 +225,36 @@ def masks_hover(frame) -> str:
     return f"step {frame.step}, tokens each constrained row's mask allowed: {rows}"
 
 
-def kv_memory(player: TracePlayer, frame) -> None:
+def kv_html(player: TracePlayer, frame) -> str:
     """The KV pool at this step: the block map (the tiny model), or a bar (a simulated card: thousands of blocks)."""
     config = player.table.config
     if frame.kv_png is None:
-        st.markdown(kv_memory_html(frame.kv, player.kv_block_bytes), unsafe_allow_html=True)
-        return
+        return kv_memory_html(frame.kv, player.kv_block_bytes)
     sharing = ""
     if config.get("prefix_caching"):
         sharing = (f"; {frame.shared_blocks} shared by several requests, {frame.kv['cached']} free blocks "
                    "keep a cached prefix")  # fmt: skip
-    st.markdown(
-        f"**KV memory**: {frame.kv['stored'] + frame.kv['reserved']} of {frame.kv['total']} blocks in use "
-        f"({config['kv']}, {config['block_size']} tokens per block){sharing}"
-    )
+    head = (f"<div data-kv><b>KV memory</b>: {frame.kv['stored'] + frame.kv['reserved']} of {frame.kv['total']} "
+            f"blocks in use ({config['kv']}, {config['block_size']} tokens per block){sharing}</div>")  # fmt: skip
     picture = png_html(frame.kv_png, f"KV blocks at step {frame.step}")
-    legend = kv_legend(bool(config.get("prefix_caching")))
-    st.markdown(f'<div style="margin-bottom:1rem">{picture}{legend}</div>', unsafe_allow_html=True)  # (bar_block)
+    return f"<div>{head}{picture}{kv_legend(bool(config.get('prefix_caching')))}</div>"
 
 
 WHY_LABEL = "why these numbers"
 
 
 def seats_busy_headline(players: list[tuple[str, TracePlayer]], note: str = "", row=None) -> None:
-    """The one big number of a side-by-side view: seats busy over the whole run, each policy; under it `note`,
-    and when each run's last request finished. The presenter view: one line, the note one click away in a popover
-    (row: two columns for them, e.g. beside the settings; default: a row of its own)."""
+    """The one big number of a side-by-side view, on one line: seats busy over the whole run, each policy; `note`
+    and how long each run took to serve everyone one click away, in a popover (row: two columns for them, e.g.
+    beside the settings; default: a row of its own)."""
     if len(players) != 2:
         return
     parts = [(title.removesuffix(" batching"), f"{p.summary['slot_utilization']:.0%}") for title, p in players]
     ends = [p.end_s if p.simulated else p.summary["last_finish_step"] for _, p in players]
-    if None not in ends:
-        unit = (lambda v: f"{v:,.1f} s") if players[0][1].simulated else (lambda v: f"step {v:,}")
+    if None not in ends:  # a count of steps, as the lessons say it ("519 steps"): the last step is 518, from 0
+        unit = (lambda v: f"{v:,.1f} s") if players[0][1].simulated else (lambda v: f"{v + 1:,} steps")
         done = ", ".join(f"{part[0]} {unit(end)}" for part, end in zip(parts, ends))
-        note = f"{note} Last request done: {done}.".strip()
-    if not presenter.on():
-        label = "Seats busy over the whole run (same requests and seats: only the scheduler differs)"
-        st.markdown(headline_html(label, parts, note), unsafe_allow_html=True)
-        return
+        note = f"{note} All requests done in: {done}.".strip()
     line, why = row or st.columns([8, 1.6], vertical_alignment="center")
     line.markdown(headline_html("Seats busy, whole run:", parts, one_line=True), unsafe_allow_html=True)
     with why.popover("why?", icon=":material/info:", help=WHY_LABEL, width="stretch"):
@@ -271,28 +272,27 @@ def play(players: list[tuple[str, TracePlayer]], transport: Transport, headline=
 
 
 def _player(players, transport: Transport, timer: float | None, legend: str | None = None) -> None:
+    """One frame: the transport row (widgets), then the caption, the legend and every panel as ONE block of HTML.
+    Streamlit sends each element on its own, and a panel's frame takes a while to look up: panels drawn one by one
+    showed different steps while playing (the caption at 158, the slider at 151, the panels at 151 and 145). Every
+    frame is looked up first, then sent at once."""
     timeline = Timeline.of([p for _, p in players])
     if transport.timer() != timer:  # play / pause / speed changed: the fragment's timer is set by a full run
         st.rerun(scope="app")
     if transport.playing:
         position = min(transport.step + transport.due(), timeline.last)
         transport.set(step=position, playing=position < timeline.last)
-    transport.set(step=min(transport.step, timeline.last))
-    begin = time.perf_counter()
+    position = min(transport.step, timeline.last)
+    transport.set(step=position)
+    frames = [(title, player, player.frame(timeline.step_of(player, position))) for title, player in players]
     controls(transport, timeline)
-    playing = " · playing" if transport.playing else ""
-    frame_ms = st.session_state.get(transport.key("frame_ms"))
-    drawn = f" · last frame drawn in {frame_ms:.0f} ms" if frame_ms is not None else ""
-    caption = f"{timeline.label(transport.step)}{playing}{drawn}"
     legend = legend or occupancy_legend(any(p.has_stalled for _, p in players))
-    if presenter.on():  # one line for both
-        left, right = st.columns([1, 1.7], vertical_alignment="center")
-        left.caption(caption)
-        right.markdown(legend, unsafe_allow_html=True)
-    else:
-        st.caption(caption)
-        st.markdown(legend, unsafe_allow_html=True)
-    for column, (title, player) in zip(st.columns(len(players)), players):
-        with column:
-            panel(title, player, timeline.step_of(player, transport.step))
-    transport.set(frame_ms=1000 * (time.perf_counter() - begin))
+    panels = "".join(panel_html(title, player, frame, position) for title, player, frame in frames)
+    block = frame_html(caption_html(timeline.label(position), transport.playing, position), legend, panels, len(frames))
+    st.markdown((SLIDER_NUMBER_HIDDEN if transport.playing else "") + block, unsafe_allow_html=True)
+
+
+# While playing, the slider's own number trails the frame by one (Streamlit's slider takes a new value from the server
+# a frame late; measured in headless Chromium): hidden then (its room kept), the caption says the step. Its thumb
+# trails by a frame's steps, a few pixels.
+SLIDER_NUMBER_HIDDEN = '<style>[data-testid="stSliderThumbValue"] { visibility: hidden; }</style>'

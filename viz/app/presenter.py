@@ -19,7 +19,8 @@ KEY = "present"  # the toggle's session key and the query parameter
 FONT_PX, WIDE_FONT_PX, WIDE_FROM_PX = 20, 24, 1700  # the root font size, and from which screen width the larger one
 PADDING_REM = 1.0  # the page's left and right padding, in root font sizes
 NORMAL_FONT_PX = 16  # Streamlit's own root size (the normal view)
-NORMAL_MAIN_PX = 820  # the normal view's main column on a 1280 px page with the sidebar open (300 px, 5 rem padding)
+NORMAL_PADDING_REM = 1.5  # the normal view's left and right padding (Streamlit's own: 5 rem)
+NORMAL_MAIN_PX = 1280 - 300 - 2 * NORMAL_PADDING_REM * NORMAL_FONT_PX  # its main column at 1280 px, the sidebar open
 LETTERING_PX = {True: 14, False: 10}  # the smallest chart lettering on screen at 1280 px: presenter view, normal view
 
 
@@ -38,13 +39,28 @@ class ChartSize:
 # 1920x1080 the same picture is shown 1.5x (its lettering 30 px); the CSS below caps its height there so the KV map
 # also makes the first screen.
 PRESENTER_CHARTS = {1: ChartSize(1240, 20, 372), 2: ChartSize(610, 20, 372)}
-# Normal view at 1280 px with the sidebar open: a panel of two is 402 px wide, one is 820. Drawn larger than that (a
-# wider screen shows it larger, and sharp), with lettering that comes out at 11.5 and 10.4 px at 1280.
-NORMAL_CHARTS = {1: ChartSize(1100, 14), 2: ChartSize(560, 16)}
+# Normal view at 1280 px with the sidebar open: a panel of two is (1280 - 300 - 2 x 24 - 16) / 2 = 458 px wide, one is
+# 932. Drawn larger than that (a wider screen shows it larger, and sharp), with lettering that comes out at 11.9 and
+# 13.1 px at 1280. Two are drawn 500 px tall, shown 409: from under the transport to the bottom of a 720 px screen,
+# the two charts cover 40% of it (docs/screenshot.py --measure), as in the presenter view.
+NORMAL_CHARTS = {1: ChartSize(1100, 14), 2: ChartSize(560, 16, 500)}
 
+HIDDEN_KEYS = "clicker-keys"  # a container of buttons that are only keyboard shortcuts (playback.clicker_keys)
 # Streamlit prints a button's keyboard shortcut inside it ("Space"), which squeezed "play" out of its box at 1280 px
-# (in either view): the shortcuts still work, and each button's tooltip names its key.
-ALWAYS = "<style>[data-testid^='stBaseButton'] kbd { display: none; }</style>"
+# (in either view): the shortcuts still work, and each button's tooltip names its key. The shortcut-only buttons: out
+# of the layout's flow and out of sight, still mounted (a button that is not drawn at all has no shortcut).
+ALWAYS = f"""<style>[data-testid^='stBaseButton'] kbd {{ display: none; }}
+[class*="st-key-"][class*="{HIDDEN_KEYS}"] {{ position: absolute !important; width: 1px !important; height: 1px;
+  overflow: hidden; clip-path: inset(50%); opacity: 0; pointer-events: none; }}
+</style>"""
+# The normal view: Streamlit's main column starts 6 rem down, under a 3.75 rem header (transparent; its menu and the
+# sidebar's button at the sides): start it near the top (clicks through the header's empty middle reach the title's
+# row), with smaller gaps, so that no band of nothing sits above the charts.
+NORMAL_CSS = f"""<style>
+[data-testid="stMainBlockContainer"] {{ padding: 2.25rem {NORMAL_PADDING_REM}rem 4rem !important; }}
+header[data-testid="stHeader"] {{ pointer-events: none; }}
+header[data-testid="stHeader"] > * {{ pointer-events: auto; }}
+[data-testid="stMainBlockContainer"] [data-testid="stVerticalBlock"] {{ gap: 0.7rem; }}</style>"""
 CSS = f"""<style>
 html {{ font-size: {FONT_PX}px !important; }}
 @media (min-width: {WIDE_FROM_PX}px) {{ html {{ font-size: {WIDE_FONT_PX}px !important; }}
@@ -84,7 +100,7 @@ def toggle(where) -> None:
 
 
 def style() -> None:
-    st.markdown(ALWAYS + (CSS if on() else ""), unsafe_allow_html=True)
+    st.markdown(ALWAYS + (CSS if on() else NORMAL_CSS), unsafe_allow_html=True)
 
 
 def settings(label: str, where=None, short: str | None = None):
