@@ -21,7 +21,8 @@ measured and makes the exit status 1 when it fails (tests/test_presenter.py runs
   --check-lettering  every picture marked with its lettering (data-text-px): its letters on screen, scaled by the
                      width the browser shows it at, are at least PX px (default 14 in --present, else 10)
 --measure prints one line "measure: {JSON}" (screenshot_checks.measure): the seat charts' share of the first screen,
-their tops before and while playing, and for 20 frames of play the step of the caption, the slider and each panel.
+their tops before and while playing, and for 20 frames of play the position of the caption, the slider and each panel
+(and each panel's step): the step player's, or with --view what-if the crowd's (its slider counts simulated seconds).
 """
 
 from __future__ import annotations

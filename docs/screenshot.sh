@@ -47,10 +47,10 @@ if $all; then
   shot "$app/?fleet=replicas&step=40" docs/present-fleet-1280x720.png --present --size 1280,720 --check-layout
   shot "$app/?fleet=pair&step=10" docs/present-fleet-pair-1280x720.png --present --size 1280,720 --check-layout
   for size in 1280x720 1920x1080; do
-    shot "$app/" "docs/present-what-if-$size.png" --present --view what-if --size "${size/x/,}"
+    shot "$app/" "docs/present-what-if-$size.png" --present --view what-if --play 3 --size "${size/x/,}"
   done
   shot "$app/?step=$step" docs/app-step-player-1280x720.png --size 1280,720
-  shot "$app/" docs/app-what-if-1280x720.png --view what-if --size 1280,720
+  shot "$app/" docs/app-what-if-1280x720.png --view what-if --play 3 --size 1280,720
   python docs/screenshot.py "$app/?step=14&speculate=4" docs/app-speculation.png --present \
     --size 1280,1500  # the chat windows below the charts: each step's kept guesses underlined
   # the live view: a server with 4 seats, a crowd arriving 4 a second, and a second app watching it (--live)

@@ -112,7 +112,8 @@ def lettering_problems(layout: dict, goal: float) -> list[str]:
 
 # --measure: one reading of the page, taken at one instant (one evaluation: the page does not change during it). The
 # seat charts' boxes and the share of the viewport they cover; the step the caption, the transport's slider (the last
-# slider in the main column before the frame) and each panel show (their data-step; data-position: the player's).
+# slider in the main column before the frame, as a position: the what-if's counts simulated seconds) and each panel
+# shows (data-step: the step its run drew, a simulated run's own; data-position: the player's, as the caption's).
 MEASURE_JS = """(() => {
   const [w, h] = [innerWidth, innerHeight];
   const charts = [...document.querySelectorAll('img[data-chart]')].filter(i => i.getClientRects().length).map(i => {
@@ -125,12 +126,14 @@ MEASURE_JS = """(() => {
   const sliders = [...document.querySelectorAll('[data-testid="stMain"] [data-testid="stSlider"] input[type=range]')]
     .filter(s => !frame || (s.compareDocumentPosition(frame) & Node.DOCUMENT_POSITION_FOLLOWING));
   const slider = sliders.length ? sliders[sliders.length - 1] : null;
+  // (its position: its value in its steps; the what-if player's slider is in simulated seconds, a step of 0.1 s)
+  const at = s => Math.round((Number(s.value) - Number(s.min)) / (Number(s.step) || 1));
   const caption = document.querySelector('[data-caption]');
   const int = v => (v === undefined || v === null || v === '') ? null : Number(String(v).replace(/,/g, ''));
   return JSON.stringify({viewport: [w, h], charts_share: charts.reduce((a, c) => a + c.seen, 0) / (w * h),
     chart_tops: charts.map(c => c.top), caption: caption ? int(caption.dataset.step) : null,
     caption_text: caption ? caption.innerText : null, caption_height: caption ? caption.offsetHeight : null,
-    slider: slider ? Number(slider.value) : null,
+    slider: slider ? at(slider) : null, slider_value: slider ? Number(slider.value) : null,
     panels: [...document.querySelectorAll('[data-panel]')].map(p => int(p.dataset.step)),
     positions: [...document.querySelectorAll('[data-panel]')].map(p => int(p.dataset.position))});
 })()"""
@@ -149,15 +152,21 @@ async def measure(evaluate, play_js: str, frames: int = 20, timeout_s: float = 4
     while len(seen) < frames and time.time() < deadline:
         await asyncio.sleep(0.03)
         now = json.loads(await evaluate(MEASURE_JS))
-        if now["caption"] is not None and now["caption"] != last:
-            last = now["caption"]
-            await asyncio.sleep(0.05)  # (the slider, read again a moment later: a late widget, or a whole frame late?)
-            now["slider_50ms_later"] = json.loads(await evaluate(MEASURE_JS))["slider"]
-            seen.append(now)
+        if now["caption"] is None or now["caption"] == last:
+            continue
+        last, began, now["slider_ms"] = now["caption"], time.time(), None
+        while time.time() - began < 0.5:  # the slider is its own widget, drawn after the frame's block: how much later
+            again = json.loads(await evaluate(MEASURE_JS))
+            if again["caption"] != now["caption"]:
+                break  # (the next frame came first: a slider a whole frame late)
+            if again["slider"] == now["caption"]:
+                now["slider_ms"] = round(1000 * (time.time() - began))
+                break
+            await asyncio.sleep(0.02)
+        seen.append(now)
     await evaluate(play_js.replace("'play'", "'pause'"))  # (pause: a page left playing keeps its server busy)
-    # (the slider is its own widget, drawn a moment after the frame's block: read 50 ms later it agrees; while playing
-    # its number is hidden, playback.SLIDER_NUMBER_HIDDEN)
-    agree = [f["caption"] == f["slider_50ms_later"] and all(p == f["caption"] for p in f["positions"]) for f in seen]
+    # (while playing the slider's number is hidden, playback.SLIDER_NUMBER_HIDDEN: the caption says the step)
+    agree = [f["slider_ms"] is not None and all(p == f["caption"] for p in f["positions"]) for f in seen]
     return {
         "viewport": before["viewport"],
         "charts_share_of_first_screen": round(before["charts_share"], 3),
@@ -167,9 +176,10 @@ async def measure(evaluate, play_js: str, frames: int = 20, timeout_s: float = 4
         "frames": [
             {
                 "caption": f["caption"],
-                "slider": f["slider"],
-                "slider_50ms_later": f["slider_50ms_later"],
+                "slider_first_read": f["slider"],
+                "slider_agrees_after_ms": f["slider_ms"],
                 "panels": f["panels"],
+                "positions": f["positions"],
             }
             for f in seen
         ],  # fmt: skip

@@ -16,6 +16,7 @@ from pathlib import Path
 import pytest
 import torch
 from streamlit.testing.v1 import AppTest
+from streamlit.testing.v1.element_tree import Widget
 
 from tests import test_presenter
 from viz.app import presenter
@@ -189,3 +190,68 @@ def test_playing_moves_nothing_and_every_frame_agrees_in_the_browser(app_server,
     assert len(found["caption_height_px"]) == 1 and "ms" not in found["caption_while_playing"]
     assert len(found["frames"]) == 20
     assert all(f["panels"] == [f["caption"]] * 2 for f in found["frames"]), found["frames"]
+
+
+# --- the what-if view: the crowd's seat charts on its first screen ------------------------------------------------
+def page_order(node, popover: str | None = None):
+    """(what, popover it sits in) for each widget (its key), popover (its label) and marked block, in page order."""
+    kind = getattr(node, "type", "")
+    if kind == "popover":
+        popover = node.proto.popover.label
+        yield f"popover {popover}", None
+    elif isinstance(node, Widget):
+        yield node.key, popover
+    elif kind == "markdown":
+        marks = {"data-frame": "frame", "data-headline": "headline", "where the card's memory goes": "memory",
+                 'data-figure="tokens/s, all decoding"': "figures", "| **static batching** |": "table"}  # fmt: skip
+        yield from ((name, popover) for mark, name in marks.items() if mark in node.value)
+    for child in getattr(node, "children", {}).values():
+        yield from page_order(child, popover)
+
+
+@pytest.mark.parametrize("present", [False, True], ids=["normal", "presenter"])
+def test_the_what_if_view_leads_with_the_crowds_seat_charts(present):
+    """Above the crowd's player only one row of controls (card, model, context; the rest of the card and the crowd's
+    settings in popovers, under the keys links and tests set) and one line of big numbers, each with its why?; the
+    figures, the card's pictures and the crowd's table come after the charts."""
+    at = open_app(present, view="what-if", wi_requests=12)
+    assert not at.exception and not at.error
+    order = list(page_order(at.main))
+    names = [name for name, _ in order]
+    first = names[names.index("wi_card") : names.index("frame")]  # (after the app's title, toggle and tabs)
+    assert first[:3] == ["wi_card", "wi_model", "wi_context"]
+    assert [n for n in first if n.startswith("popover")] == [
+        "popover weights, KV, cards", "popover crowd", "popover why?", "popover why?"]  # fmt: skip
+    inside = dict(order)
+    assert {k: inside[k] for k in ("wi_dtype", "wi_kv_dtype", "wi_tp", "wi_link")} == dict.fromkeys(
+        ("wi_dtype", "wi_kv_dtype", "wi_tp", "wi_link"), "weights, KV, cards")  # fmt: skip
+    crowd = ("wi_workload", "wi_requests", "wi_rate", "wi_budget", "wi_slots", "wi_prefix")
+    assert {k: inside[k] for k in crowd} == dict.fromkeys(crowd, "crowd")
+    assert first.count("headline") == 2  # the card's (users that fit, tokens/s each) and the crowd's (seats busy)
+    headline = next(m.value for m in at.markdown if 'data-headline="users that fit"' in m.value)
+    assert 'data-headline="tokens/s each"' in headline and "<br" not in headline and "decoding together" not in headline
+    assert any("decoding together make" in m.value for m in at.markdown)  # the note: in its why? popover
+    after = names[names.index("frame") :]
+    assert all(name in after for name in ("figures", "memory", "table"))
+    assert {"sim_play", "sim_seconds"} <= set(first)  # the transport, right above its charts
+
+
+@pytest.mark.slow
+@test_presenter.no_chromium
+@pytest.mark.parametrize("present, share", [(False, 0.40), (True, 0.42)], ids=["normal", "presenter"])
+def test_the_what_if_seat_charts_cover_its_first_screen_in_the_browser(app_server, present, share):
+    """At 1280x720 the crowd's two seat charts start on the first screen and cover at least 40% of it (measured 42.8%;
+    42% on a projector, measured 44.7%); while playing they stay put, and in each of 20 frames every panel is at the
+    caption's position (the slider, in simulated seconds, with it in most)."""
+    flags = ["--view", "what-if", "--size", "1280,720", "--measure", *(["--present"] if present else [])]
+    run = test_presenter.screenshot(app_server, *flags)
+    assert run.returncode == 0, run.stdout + run.stderr
+    found = json.loads(re.search(r"^measure: (.*)$", run.stdout, re.M).group(1))
+    assert found["charts_share_of_first_screen"] >= share, found
+    tops = found["chart_tops_before_play"]
+    assert len(tops) == 2 and all(0 <= t < 0.6 * 720 for t in tops), found  # (measured 382-395 px down)
+    assert all(t == tops for t in found["chart_tops_while_playing"]), found
+    assert len(found["frames"]) == 20 and " s of " in found["caption_while_playing"], found
+    assert all(f["positions"] == [f["caption"]] * 2 for f in found["frames"]), found["frames"]  # (one block)
+    # the slider, a widget of its own, follows within a moment (at worst a frame late under load: its number hidden)
+    assert sum(f["slider_agrees_after_ms"] is not None for f in found["frames"]) >= 15, found["frames"]

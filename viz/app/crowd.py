@@ -1,4 +1,4 @@
-"""The what-if view's bottom half: a crowd served on the chosen card, simulated, static beside continuous.
+"""The what-if view's first screen: a crowd served on the chosen card, simulated, static beside continuous.
 
 The same engine, schedulers and block allocator that serve the tiny model, on a simulated clock (card/simulate.py):
 every reply has its planned length, each step costs what the cost model says it costs on the card. Every control
@@ -43,26 +43,32 @@ MAX_REQUESTS = 500  # a crowd of 2,000 took 3 s just to draw and submit (long Az
 PREFIX_WORK_PER_BLOCK = 1 / 500  # with prefix caching a step also counts the pool's cached free blocks: O(pool)
 
 
-def crowd_settings() -> dict:
-    row = st.columns([1.3, 1, 1.2, 1.1, 1.15, 1.35])
+CROWD_TITLE = "A crowd on this card, simulated"
+CROWD_HELP = f"{CROWD_TITLE}: the workload, its size and arrivals, the token budget, the seats, prefix caching"
+
+
+def crowd_settings(where=None) -> dict:
+    """The crowd's controls, in a popover (in `where`, e.g. a column of the view's first row)."""
+    box = (where or st).popover("crowd", icon=":material/groups:", help=CROWD_HELP, width="stretch")
+    box.markdown(f"**{CROWD_TITLE}**")
+    left, right = box.columns(2)  # (two of three: one column ran past a 720 px screen's foot)
     azure = "azure-conv / azure-code: prompt and reply lengths from Azure's 2023 LLM inference trace"
-    workload = row[0].selectbox("workload", WORKLOADS, key="wi_workload", help=azure)
+    workload = left.selectbox("workload", WORKLOADS, key="wi_workload", help=azure)
     return {
         "workload": workload,
-        "requests": row[1].number_input("requests", 1, MAX_REQUESTS, 50, key="wi_requests",
-                                        help=f"at most {MAX_REQUESTS}: building and queueing a crowd costs time too"),
-        "rate_per_s": row[2].select_slider("arrivals per s", RATES_PER_S, 4, key="wi_rate",
-                                           help="arrivals per second (Poisson); 1000: the crowd within a fraction "
-                                           "of a second (static batching's first batch: whoever came before its "
-                                           "first step)"),  # fmt: skip
-        "token_budget": row[3].select_slider("token budget", BUDGETS, None, key="wi_budget",
-                                             format_func=budget_label,
-                                             help="auto: vLLM's server default for the card (8192 from 70 GiB, "
-                                             "else 2048)"),  # fmt: skip
-        "slots": row[4].number_input("seats (0: auto)", 0, MAX_NUM_SEQS, 0, key="wi_slots",
-                                     help="0: one seat for each user that fits at the context above (at most 256)"),
-        "prefix_caching": row[5].toggle("prefix cache", False, key="wi_prefix",
-                                        help="requests whose prompts start alike share those KV blocks"),
+        "requests": left.number_input("requests", 1, MAX_REQUESTS, 50, key="wi_requests",
+                                      help=f"at most {MAX_REQUESTS}: building and queueing a crowd costs time too"),
+        "rate_per_s": left.select_slider("arrivals per s", RATES_PER_S, 4, key="wi_rate",
+                                         help="arrivals per second (Poisson); 1000: the crowd within a fraction "
+                                         "of a second (static batching's first batch: whoever came before its "
+                                         "first step)"),
+        "token_budget": right.select_slider("token budget", BUDGETS, None, key="wi_budget", format_func=budget_label,
+                                            help="auto: vLLM's server default for the card (8192 from 70 GiB, "
+                                            "else 2048)"),
+        "slots": right.number_input("seats (0: auto)", 0, MAX_NUM_SEQS, 0, key="wi_slots",
+                                    help="0: one seat for each user that fits at the context (at most 256)"),
+        "prefix_caching": right.toggle("prefix cache", False, key="wi_prefix",
+                                       help="requests whose prompts start alike share those KV blocks"),
     }  # fmt: skip
 
 
@@ -166,17 +172,11 @@ def crowd_notes(players: list[tuple[str, TracePlayer]], settings: dict, context:
     return " ".join([*notes, throughput_note(players, everyone), first_batch_note(players)]).strip()
 
 
-def crowd_view(choice: dict, everyone: dict | None = None) -> None:
-    """everyone: whatif.plan of every user that fits decoding together (the headline above), to compare with."""
-    st.subheader("A crowd on this card, simulated")
-    if not presenter.on():
-        st.caption(
-            "The same engine, schedulers and block allocator that serve the tiny model, with the model's forward "
-            "replaced by the roofline's time for each step on this card: every reply has its planned length, the "
-            "clock is simulated seconds. Runs advance together in time: a continuous step, with newcomers' prompt "
-            "chunks in it, takes longer than a static one."
-        )
-    settings = crowd_settings()
+def crowd_view(choice: dict, everyone: dict | None = None, settings_at=None, headline_at: list | None = None) -> None:
+    """The crowd's settings (a popover in `settings_at`), its headline (seats busy, whole run: in `headline_at`, two
+    columns, else a row of its own), the player, and under it the whole run's notes and table. everyone: whatif.plan
+    of every user that fits decoding together (the view's headline), to compare with."""
+    settings = crowd_settings(settings_at)
     card = {k: choice[k] for k in ("card", "model", "dtype", "kv_dtype", "context", "tp", "link")}
     try:
         with st.spinner(f"Simulating {settings['requests']} {settings['workload']} requests, static and continuous…"):
@@ -193,6 +193,14 @@ def crowd_view(choice: dict, everyone: dict | None = None) -> None:
     key = (*card.values(), *settings.values())
     players = [(SCHEDULERS[name], simulated_player(trace, (name, *key), size.width, end, size.text_px, size.height))
                for name, trace in traces.items()]  # fmt: skip
+    play(players, Transport("sim_", speed=10), headline=lambda shown: seats_busy_headline(shown, row=headline_at))
+    st.subheader(f"{CROWD_TITLE}: the whole run")
+    if not presenter.on():
+        st.caption(
+            "The same engine, schedulers and block allocator that serve the tiny model, with the model's forward "
+            "replaced by the roofline's time for each step on this card: every reply has its planned length, the "
+            "clock is simulated seconds. Runs advance together in time: a continuous step, with newcomers' prompt "
+            "chunks in it, takes longer than a static one."
+        )
     st.markdown(f"{crowd_notes(players, settings, choice['context'], cut, everyone)} Over the whole run:\n\n"
                 f"{summary_table(players)}")  # fmt: skip
-    play(players, Transport("sim_", speed=10), headline=seats_busy_headline)

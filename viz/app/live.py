@@ -21,12 +21,10 @@ import streamlit as st
 from minillm.layers.trace import Trace
 from minillm.runs import trace_file
 from viz.app import presenter
-from viz.app.playback import png_html
+from viz.app.playback import kv_html, png_html
 from viz.html import (
     figures_html,
     headline_html,
-    kv_legend,
-    kv_memory_html,
     occupancy_legend,
     queue_html,
     replies_html,
@@ -239,13 +237,7 @@ def draw(live: LiveFeed, interval_ms: float | None) -> None:
     left, right = st.columns([4, 7])
     with left:
         st.markdown(queue_html(frame.waiting, player.colors, frame.metrics["queue_length"]), unsafe_allow_html=True)
-        if frame.kv_png is not None:
-            st.markdown(f"**KV memory** ({config['kv']}, {config['block_size']} tokens per block)")
-            picture = png_html(frame.kv_png, f"KV blocks at step {last}")  # (one block: the legend under the map)
-            legend = kv_legend(bool(config.get("prefix_caching")))
-            st.markdown(f'<div style="margin-bottom:1rem">{picture}{legend}</div>', unsafe_allow_html=True)
-        else:
-            st.markdown(kv_memory_html(frame.kv), unsafe_allow_html=True)
+        st.markdown(kv_html(player, frame), unsafe_allow_html=True)  # (the step player's: one KV memory picture)
     with right:
         replies, more = live_replies(player, REPLIES_SHOWN[presenter.on()])
         more_note = f"<div style='color:#777'>… and {more} more in the window</div>" if more else ""

@@ -1,14 +1,16 @@
 """The what-if view: a real model on a real card, by the roofline, then a crowd served on it in simulation.
 
-The top half is `python -m minillm whatif` in pictures (whatif.plan, roofline.py): where the card's
-memory goes, how many users fit against context, tokens/s against batch with the ridge point. Where not
-one user fits (the weights alone are too big, or one user's KV at this context is), it says so and shows
-no speed. The bottom half serves a workload with the same engine and schedulers as the tiny model, on a
-simulated clock (simulate.py), static beside continuous, in the same step player, with times in simulated
-seconds. The crowd follows the context slider: by default it gets a seat for every user that fits at that
-context, and a request longer than the context is turned away, as a server configured for it would. Under the card
-and the model, the number of cards (tp) and their link: on several, every number is one card's share, and the view
-says what crosses the link (multicard.py).
+Its first screen is the crowd (docs/screenshot.py --measure: the seat charts' share of it): one row of controls
+(the card, the model, the context; weights, KV cache, cards and link in a popover; the crowd's settings in another),
+one line of big numbers (the users that fit and the tokens/s each, beside the crowd's seats busy; each "why?" one
+click away), then the step player: the crowd served on the card, static beside continuous, by the same engine and
+schedulers as the tiny model on a simulated clock (simulate.py), in simulated seconds. Under it: the crowd's whole
+run (its notes and table), then `python -m minillm whatif` in pictures (whatif.plan, roofline.py): the figures,
+where the card's memory goes, how many users fit against context, tokens/s against batch with the ridge point. Where
+not one user fits (the weights alone are too big, or one user's KV at this context is), it says so and shows no speed
+and no crowd. The crowd follows the context slider: by default it gets a seat for every user that fits at that
+context, and a request longer than the context is turned away, as a server configured for it would. On several cards
+(tp) joined by a link, every number is one card's share, and the view says what crosses the link (multicard.py).
 
 Every control must redraw within about 3 s on a 2-core laptop, so a simulation has a work budget (CROWD_WORK):
 the two policies advance together on the simulated clock, and when it is spent both stop at the same simulated
@@ -32,7 +34,7 @@ from minillm.card.roofline import KV_BYTES, WEIGHT_BYTES
 from minillm.card.tensor_parallel import rank_spec
 from minillm.errors import MinillmError
 from viz.app import crowd, fleet_cards, multicard, presenter
-from viz.app.playback import png_html
+from viz.app.playback import WHY_LABEL, png_html
 from viz.card import (
     BLOCK,
     plot_comm_share_by_tp,
@@ -45,7 +47,23 @@ from viz.html import figures_html, headline_html
 
 CONTEXTS = [256, 512, 1024, 2048, 4096, 8192, 16384, 32768, 65536, 131072]
 KV_DTYPES = [d for d in KV_BYTES if d != "fp32"]  # fp32 is minillm's own cache, not a serving engine's
-PICKER_WIDTHS = [1.3, 1.3, 0.8, 0.8, 2]  # card, model, weights, KV cache, context; under them: cards (tp), link
+# One row: card, model, context, then two popovers: the rest of the card (weights, KV cache, cards, link) and the crowd.
+# In the presenter view (1,160 px of columns at 20 px type) each holds its longest text: "apple-m2-ultra" 14
+# characters, "llama-3.1-70b" 13, "context per user (tokens)" 25, "weights, KV, cards" 18 (tests/test_presenter.py).
+PICKER_WIDTHS = [1.55, 1.55, 2.4, 1.75, 1.05]
+MORE_LABEL = "weights, KV, cards"
+CARD_TITLE = "The card, by the roofline"
+MORE_HELP = "the weights' and the KV cache's number format, the cards the model is split over (tp) and their link"
+
+HEADLINE_GAP = "<style>.st-key-wi-headline { margin-bottom: 0.3rem; }</style>"  # (its bar's foot, off the transport)
+
+
+def headline_row() -> list:
+    """The headline's line: the users that fit and tokens/s each, why?; the crowd's seats busy, why? (playback's
+    headline). Each as wide as its content, packed left (at 1280x720 on a projector 1,219 of 1,240 px), a second
+    line only where one is too short (a card's bigger numbers)."""
+    bar = st.container(horizontal=True, vertical_alignment="center", gap="small", key="wi-headline")
+    return [bar.container(width="content") for _ in range(4)]
 
 
 def cards() -> list[str]:
@@ -54,15 +72,14 @@ def cards() -> list[str]:
     return [*DEVICES, "this-machine"] if measured else list(DEVICES)
 
 
-def pickers() -> dict:
-    row = st.columns(PICKER_WIDTHS)
+def pickers(row: list) -> dict:
+    """The card, the model and the context in the row's first three columns; weights, KV cache, cards (tp) and
+    link in a popover in the fourth (their keys as before: links and tests set them)."""
     models = shipped_models()
     choice = {
         "card": row[0].selectbox("card", cards(), index=list(DEVICES).index("rtx-4090"), key="wi_card"),
         "model": row[1].selectbox("model", models, index=models.index("llama-3.1-8b"), key="wi_model"),
-        "dtype": row[2].selectbox("weights", list(WEIGHT_BYTES), index=1, key="wi_dtype"),
-        "kv_dtype": row[3].selectbox("KV cache", KV_DTYPES, key="wi_kv_dtype"),
-        "context": row[4].select_slider(
+        "context": row[2].select_slider(
             "context per user (tokens)",
             CONTEXTS,
             4096,
@@ -72,10 +89,12 @@ def pickers() -> dict:
         "tp": 1,
         "link": None,
     }
-    under = st.columns([*PICKER_WIDTHS[:2], sum(PICKER_WIDTHS[2:])])  # (the cards under the card and the model)
+    more = row[3].popover(MORE_LABEL, icon=":material/tune:", help=MORE_HELP, width="stretch")
+    choice["dtype"] = more.selectbox("weights", list(WEIGHT_BYTES), index=1, key="wi_dtype")
+    choice["kv_dtype"] = more.selectbox("KV cache", KV_DTYPES, key="wi_kv_dtype")
     try:
         device = get_device(choice["card"], "auto")
-        choice["tp"], choice["link"] = multicard.pickers(under[0], under[1], load_spec(choice["model"]), device)
+        choice["tp"], choice["link"] = multicard.pickers(more, more, load_spec(choice["model"]), device)
     except MinillmError:  # (the view says why below)
         pass
     return choice
@@ -134,41 +153,58 @@ def no_user_reason(plan: dict) -> str:
             "smaller KV dtype or a bigger card")  # fmt: skip
 
 
-def headline(plan: dict, crowd: dict | None) -> None:
-    """The view's one big number: users that fit, and the tokens/s each gets when they all decode together."""
+def headline(plan: dict, crowd: dict | None, row: list | None) -> None:
+    """The view's one big number: users that fit, and the tokens/s each gets when they all decode together, on one
+    line (row: its column and the why? popover's), how and why one click away. Where not one user fits, why in full."""
     if not crowd:
         cards = "this card" if plan["tp"] == 1 else f"these {plan['tp']} cards"
         st.markdown(headline_html(f"Not one user fits on {cards}", [("users that fit", "0")],
                                   f"No speed to show: {no_user_reason(plan)}."), unsafe_allow_html=True)  # fmt: skip
         return
     ceiling = f"ceiling: bandwidth / streamed weight bytes = {plan['bandwidth_ceiling_tokens_per_s']:,.1f}"
-    note = (f"{crowd['batch']} users decoding together make {crowd['tokens_per_s']:,.0f} tokens/s in total; "
-            f"one user alone gets {plan['single_user_tokens_per_s']:,.1f} ({ceiling}).")  # fmt: skip
+    note = (f"Each user holding {plan['context']:,} tokens of KV cache, {plan['max_users']:,} fit. {crowd['batch']} "
+            f"users decoding together make {crowd['tokens_per_s']:,.0f} tokens/s in total; one user alone gets "
+            f"{plan['single_user_tokens_per_s']:,.1f} ({ceiling}).")  # fmt: skip
     parts = [("users that fit", f"{plan['max_users']:,}"), ("tokens/s each", f"{crowd['per_user_tokens_per_s']:,.1f}")]
-    st.markdown(headline_html(f"Each user holding {plan['context']:,} tokens of KV cache", parts, note),
-                unsafe_allow_html=True)  # fmt: skip
+    line, why = row
+    line.markdown(HEADLINE_GAP + headline_html("", parts, one_line=True), unsafe_allow_html=True, width="content")
+    with why.popover("why?", icon=":material/info:", help=WHY_LABEL):
+        st.markdown(note)
+
+
+def figures(plan: dict, crowd: dict) -> None:
+    """The headline's batch, one user alone, and what bounds the step (under the crowd)."""
+    ceiling = f"ceiling: bandwidth / streamed weight bytes = {plan['bandwidth_ceiling_tokens_per_s']:,.1f}"
     st.markdown(figures_html([
         ("tokens/s, all decoding", f"{crowd['tokens_per_s']:,.0f}", f"{crowd['batch']} users at once",
-         "every user that fits decoding in the same step (the roofline): the crowd below also runs prompts"),
+         "every user that fits decoding in the same step (the roofline): the crowd above also runs prompts"),
         ("one user alone, tokens/s", f"{plan['single_user_tokens_per_s']:,.1f}", "", ceiling),
         ("bound", crowd["bound"], f"{crowd['intensity']:.1f} FLOPs/byte",
          f"against the card's ridge of {crowd['ridge_intensity']:.0f} FLOPs per byte"),
     ]), unsafe_allow_html=True)  # fmt: skip
 
 
-def card_view(choice: dict) -> dict | None:
-    """The roofline half. Returns the plan of every user that fits decoding together (the headline's figures), or
-    None when not one user fits (a crowd needs a seat)."""
-    try:
-        spec, device = load_spec(choice["model"]), get_device(choice["card"], "auto")
-        args, cards = (choice["dtype"], choice["kv_dtype"], choice["context"]), (choice["tp"], choice["link"])
-        plan = whatif.plan(spec, device, *args, 1, *cards)
-        crowd = whatif.plan(spec, device, *args, plan["max_users"], *cards) if plan["max_users"] else None
-        pictures = card_pictures(choice["card"], choice["model"], *args, *cards)
-    except MinillmError as e:
-        st.error(str(e))
-        return None
-    headline(plan, crowd)
+def card_plans(choice: dict) -> tuple[dict, dict | None, tuple]:
+    """The plan of one user, of every user that fits decoding together (the headline's figures; None when not one
+    user fits: a crowd needs a seat), and the card's pictures (MinillmError: a card or model it cannot price)."""
+    spec, device = load_spec(choice["model"]), get_device(choice["card"], "auto")
+    args, cards = (choice["dtype"], choice["kv_dtype"], choice["context"]), (choice["tp"], choice["link"])
+    plan = whatif.plan(spec, device, *args, 1, *cards)
+    crowd = whatif.plan(spec, device, *args, plan["max_users"], *cards) if plan["max_users"] else None
+    return plan, crowd, card_pictures(choice["card"], choice["model"], *args, *cards)
+
+
+def card_view(choice: dict, plan: dict, crowd: dict | None, pictures: tuple) -> None:
+    """The roofline half, under the crowd: the figures, what crosses the link, the memory split, users against
+    context, speed against batch, and the numbers as the command line prints them."""
+    st.subheader(CARD_TITLE)
+    if not presenter.on():
+        st.caption(
+            "A real model on a real card, priced by the roofline (minillm/card/roofline.py): a decode step streams "
+            "every weight once for all users together, and each user's KV cache takes memory and bandwidth."
+        )
+    if crowd:
+        figures(plan, crowd)
     memory, users, speed, by_tp = pictures
     multicard.tp_view(plan, crowd, by_tp)
 
@@ -183,10 +219,10 @@ def card_view(choice: dict) -> dict | None:
     else:  # a speed for users who cannot be served would contradict the number above
         right.info(f"No decode speed: not one user fits. {no_user_reason(plan).capitalize()}.")
     with st.expander("the numbers, as `python -m minillm whatif` prints them"):
-        flags = f"--model {choice['model']} --gpu {choice['card']} --dtype {args[0]} --kv-dtype {args[1]}"
-        flags += multicard.flags(plan)
-        st.code(f"$ python -m minillm whatif {flags} --context {args[2]}\n{whatif.summary(plan)}", language=None)
-    return crowd
+        flags = f"--model {choice['model']} --gpu {choice['card']} --dtype {choice['dtype']}"
+        flags += f" --kv-dtype {choice['kv_dtype']}{multicard.flags(plan)}"
+        st.code(f"$ python -m minillm whatif {flags} --context {choice['context']}\n{whatif.summary(plan)}",
+                language=None)  # fmt: skip
 
 
 @st.cache_data(max_entries=2, show_spinner=False)
@@ -218,16 +254,24 @@ def this_machine_view() -> None:
 
 
 def show() -> None:
-    if not presenter.on():
-        st.caption(
-            "A real model on a real card, priced by the roofline (minillm/card/roofline.py): a decode step streams "
-            "every weight once for all users together, and each user's KV cache takes memory and bandwidth."
-        )
-    choice = pickers()
+    """The controls' row, the headline's line, the crowd's player; under it the crowd's run, the card, the fleet."""
+    row = st.columns(PICKER_WIDTHS, vertical_alignment="bottom")
+    choice = pickers(row)
+    try:
+        plan, everyone, pictures = card_plans(choice)
+    except MinillmError as e:
+        st.error(str(e))
+        plan = everyone = None
+    if everyone:
+        top = headline_row()
+        headline(plan, everyone, top[:2])
+        crowd.crowd_view(choice, everyone, row[4], top[2:])
+        st.divider()
+    elif plan:
+        headline(plan, None, None)
     if choice["card"] == "this-machine":
         this_machine_view()
-    everyone = card_view(choice)
+    if plan:
+        card_view(choice, plan, everyone, pictures)
     if everyone:
-        st.divider()
-        crowd.crowd_view(choice, everyone)
         fleet_cards.fleet_view(choice)
