@@ -202,3 +202,15 @@ def lesson_state(lesson: str, results: list[tuple[str, tuple | None]]) -> str:
         passed = outcomes.count("passed")
         return f"partly done ({passed} passed; not written yet: {', '.join(untouched)})"
     return "passed"
+
+
+@pytest.fixture(scope="module")
+def app_in_process():
+    """A test module that opens the app's views in this process (AppTest): new replies stay in memory (nothing written
+    to the user's cache), and the torch threads the app sets (one: its model's ops are too small to split) are given
+    back to the rest of the session after."""
+    threads = torch.get_num_threads()
+    with pytest.MonkeyPatch.context() as patch:
+        patch.setenv("MINILLM_APP_REPLIES", "off")
+        yield
+    torch.set_num_threads(threads)

@@ -17,7 +17,6 @@ from html import escape, unescape
 import httpx
 import numpy as np
 import pytest
-import torch
 from streamlit.testing.v1 import AppTest
 
 from app import live_flag
@@ -104,20 +103,7 @@ def figure(at: AppTest, label: str) -> list[str]:
     return [m for md in at.markdown for m in re.findall(pattern, md.value)]
 
 
-@pytest.fixture(scope="module", autouse=True)
-def no_user_cache():
-    """New replies stay in this process: nothing written to the user's cache."""
-    with pytest.MonkeyPatch.context() as patch:
-        patch.setenv("MINILLM_APP_REPLIES", "off")
-        yield
-
-
-@pytest.fixture(scope="module", autouse=True)
-def keep_torch_threads():
-    """The app runs its model on one thread; give the rest of the test session its threads back."""
-    threads = torch.get_num_threads()
-    yield
-    torch.set_num_threads(threads)
+pytestmark = pytest.mark.usefixtures("app_in_process")  # (conftest.py: replies in memory, threads given back)
 
 
 @pytest.fixture(scope="module")

@@ -31,7 +31,6 @@ from html import unescape
 from pathlib import Path
 
 import pytest
-import torch
 from PIL import Image
 from streamlit.testing.v1 import AppTest
 from streamlit.testing.v1.element_tree import Widget
@@ -175,19 +174,7 @@ def chart_lettering(at: AppTest, page: Page) -> list[tuple[str, float]]:
     return found
 
 
-@pytest.fixture(scope="module", autouse=True)
-def no_trace_store():
-    """Runs stay in this process (no disk, no worker: tests/test_app.py tests those)."""
-    with pytest.MonkeyPatch.context() as patch:
-        patch.setenv("MINILLM_APP_TRACES", "off")
-        yield
-
-
-@pytest.fixture(scope="module", autouse=True)
-def keep_torch_threads():
-    threads = torch.get_num_threads()
-    yield
-    torch.set_num_threads(threads)
+pytestmark = pytest.mark.usefixtures("app_in_process")  # (conftest.py: replies in memory, threads given back)
 
 
 def open_app(view: str | None = None, present: bool = True, **state) -> AppTest:
@@ -311,9 +298,9 @@ def free_port() -> int:
 
 
 @pytest.fixture(scope="module")
-def app_server(tmp_path_factory):
+def app_server():
     port = free_port()
-    env = os.environ | {"MINILLM_APP_TRACES": str(tmp_path_factory.mktemp("traces")), "MINILLM_APP_WARM": "0"}
+    env = os.environ | {"MINILLM_APP_REPLIES": "off"}  # (new replies in its memory, not the user's cache)
     server = subprocess.Popen(
         [sys.executable, "-m", "streamlit", "run", "app.py", "--server.headless", "true", "--server.address",
          "localhost", "--server.port", str(port), "--browser.gatherUsageStats", "false"],

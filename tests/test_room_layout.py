@@ -14,7 +14,6 @@ import re
 from pathlib import Path
 
 import pytest
-import torch
 from streamlit.testing.v1 import AppTest
 from streamlit.testing.v1.element_tree import Widget
 
@@ -60,18 +59,7 @@ def test_the_reference_check_catches_the_old_wrong_reference():
 
 
 # --- the step player, headless ---------------------------------------------------------------------------------------
-@pytest.fixture(scope="module", autouse=True)
-def no_trace_store():
-    with pytest.MonkeyPatch.context() as patch:
-        patch.setenv("MINILLM_APP_TRACES", "off")
-        yield
-
-
-@pytest.fixture(scope="module", autouse=True)
-def keep_torch_threads():
-    threads = torch.get_num_threads()
-    yield
-    torch.set_num_threads(threads)
+pytestmark = pytest.mark.usefixtures("app_in_process")  # (conftest.py: replies in memory, threads given back)
 
 
 def open_app(present: bool = False, **state) -> AppTest:

@@ -26,6 +26,7 @@ from pathlib import Path
 
 import torch
 
+from minillm.card.simulate import VirtualClock
 from minillm.config import EngineConfig
 from minillm.engine.packing import Batch
 from minillm.engine.request import Request
@@ -141,19 +142,10 @@ def fit_price(steps: list[tuple[int, float]]) -> dict | None:
     return {"per_step_s": max(per_step, 0.0), "per_token_s": max(per_token, 0.0)}
 
 
-class ReplayClock:
+class ReplayClock(VirtualClock):
     """Seconds priced, not measured: each step costs what the book's fitted line says."""
 
     name = "replayed"
-
-    def __init__(self):
-        self.t = 0.0
-
-    def now(self) -> float:
-        return self.t
-
-    def wait_until(self, t: float) -> None:
-        self.t = max(self.t, t)
 
 
 class ReplayRunner(ModelRunner):
@@ -181,7 +173,7 @@ class ReplayRunner(ModelRunner):
             j = position_in_row[row] = position_in_row.get(row, -1) + 1  # (a lookahead row: one pick per guess)
             logits[i, self.recorded(request, len(request.output_ids) + j)] = 1.0
         price = self.book.price
-        self.clock.t += price["per_step_s"] + price["per_token_s"] * batch.num_tokens
+        self.clock.advance(price["per_step_s"] + price["per_token_s"] * batch.num_tokens)
         return picker.pick(logits, batch)
 
     def recorded(self, request: Request, index: int) -> int:
