@@ -214,4 +214,8 @@ def markdown(results: dict, command: str, plot_dir: str | None = None) -> str:
         from minillm.bench.fleet import markdown as fleet_markdown
 
         lines += fleet_markdown(results["fleet"])
+    if "peer" in results:
+        from minillm.bench.peer import markdown as peer_markdown
+
+        lines += peer_markdown(results["peer"])
     return "\n".join(lines)

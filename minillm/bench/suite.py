@@ -13,6 +13,7 @@ from minillm.bench import claims
 from minillm.bench.calls import bench_calls
 from minillm.bench.common import BenchSettings, machine_description
 from minillm.bench.fleet import bench_fleet
+from minillm.bench.peer import bench_peer
 from minillm.bench.roofline import bench_roofline
 from minillm.bench.scheduling import BENCHES as SCHEDULING_BENCHES
 from minillm.bench.server import bench_server, bench_transformers_server
@@ -42,6 +43,7 @@ BENCHES = (
         "structured": bench_structured,
         "tp": bench_tensor_parallel,
         "fleet": bench_fleet,
+        "peer": bench_peer,
     }
 )
 

