@@ -200,12 +200,24 @@ def markdown(r: dict) -> list[str]:
         split = v["minillm"]["split_ms_per_step"]
         lines.append(f"| {v['seats']} | {v['mode']} | {split['forward_s']:.2f} | {split['pick_s']:.2f} | "
                      f"{split['rest_s']:.2f} |")  # fmt: skip
-    return lines + [
-        "",
-        "Both engines take the same steps (the same continuous batching with the same seats and budget), so the gap is "
-        "the time per step, and most of minillm's step is its forward: the engine around it (the rest) is a tenth of "
-        "the step. Goal (issue 47): minillm at least 1.0x vLLM, eager against eager and compiled against compiled; "
-        "minillm has no compiled forward on the CPU yet, so the compiled rows compare its eager engine with vLLM's "
-        "compiled one.",
-        "",
+    return lines + ["", *reading(runs), ""]
+
+
+def reading(runs: list[dict]) -> list[str]:
+    """What the tables say, from their figures: whether both engines took the same steps, and how much of minillm's
+    step is not its forward."""
+    same = [v["seats"] for v in runs if v["minillm"]["steps"] == v["vllm_run"]["steps"]]
+    differ = [v for v in runs if v["seats"] not in same]
+    steps = f"At {', '.join(map(str, sorted(set(same))))} seats both engines took the same steps" if same else ""
+    if differ:
+        v = differ[0]
+        steps += (f"{'; at' if same else 'At'} {v['seats']} seats minillm took {v['minillm']['steps']} and vLLM "
+                  f"{v['vllm_run']['steps']}: not the same schedule there")  # fmt: skip
+    rest = [v["minillm"]["split_ms_per_step"]["rest_s"] / v["minillm"]["mean_step_ms"] for v in runs]
+    return [
+        f"{steps}. The gap is the time per step, and most of minillm's step is its forward: the engine around it "
+        f"(scheduling, packing, the KV books, the trace) is {min(rest):.0%}-{max(rest):.0%} of the step. Goal (issue "
+        "47): minillm at least 1.0x vLLM, eager against eager and compiled against compiled; minillm has no compiled "
+        "forward on the CPU yet, so the compiled rows set its eager engine against vLLM's compiled one (and the two "
+        "minillm figures at the same seats show the run-to-run spread on this shared machine)."
     ]

@@ -128,6 +128,7 @@ def cmd_bench(args: argparse.Namespace) -> None:
     results = run_benchmarks(model, BenchSettings(quick=args.quick), args.only, progress=not args.json)
     command = "python -m minillm bench" + " --quick" * args.quick + f" --device {args.device}" * (args.device != "auto")
     command += " --compile" * args.compile
+    command += f" --vllm-python {args.vllm_python}" if args.vllm_python else ""
     if args.out:
         out = Path(args.out)
         plot_all(results, out)

@@ -6,8 +6,9 @@ speculation (the tests prove it token for token). So the step player computes ea
 model (ReplyBook: kept on disk, and shipped beside the weights for the app's default crowds) and then serves the
 crowd with ReplayRunner: the ModelRunner without the forward. The KV cache still plans every step (blocks, prefix
 hits, rollbacks), and each logit row holds the recorded token, so the scheduler, the allocator, the sampler's masks
-and speculation's accept rule all run exactly as in a real run. A setting change then costs bookkeeping only: about
-0.1-0.5 s for the seed story instead of 4-8 s of forwards on a 2-core laptop.
+and speculation's accept rule all run exactly as in a real run. A setting change then costs bookkeeping only: the
+app answers one in about half a second on a 2-core laptop, both policies drawn, where running the model took 5-9 s
+(docs/measure_settings.py).
 
 A replayed step costs no measured time: its seconds are priced (ReplayClock) by a line fitted to the real steps
 that computed the replies (seconds = per_step + per_token x tokens), and the trace says so (config "clock":
