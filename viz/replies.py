@@ -10,8 +10,6 @@ The statuses are the table's (table.py: status_grid); these functions answer for
 
 from __future__ import annotations
 
-import numpy as np
-
 from minillm.layers.trace import Trace
 from minillm.model.tokenizer import decode
 from viz.table import TraceTable, table_of
@@ -24,16 +22,6 @@ def _place(table: TraceTable, request_id: str) -> int:
 def tokens_produced(source: Trace | TraceTable, request_id: str, step: int) -> int:
     table = table_of(source)
     return int(table.produced(step)[_place(table, request_id)])
-
-
-def produced_counts(source: Trace | TraceTable) -> dict[str, np.ndarray]:
-    """Request id -> tokens produced by each step (cumulative), for replaying every request at once."""
-    table = table_of(source)
-    seats = table.entries
-    made = np.zeros((len(table.requests), table.num_steps), dtype=np.int32)
-    made[seats.request, seats.step] = seats.produced
-    counts = np.cumsum(made, axis=1)
-    return {rid: counts[i] for i, rid in enumerate(table.ids)}
 
 
 def text_at_step(source: Trace | TraceTable, request_id: str, step: int) -> str:

@@ -14,7 +14,6 @@ from operator import itemgetter
 
 import numpy as np
 
-from minillm.layers.trace import Trace
 from viz.colors import DECODE, PREFILL, STATE_CODES
 
 
@@ -38,12 +37,6 @@ class SeatTable:
     def working(self) -> np.ndarray:
         """(E,) True where the seat ran tokens (prefill or decode): what utilization counts."""
         return (self.state == PREFILL) | (self.state == DECODE)
-
-
-def seat_table(trace: Trace) -> SeatTable:
-    """One pass over the trace (table.py's TraceTable builds it from the seats of its own pass instead)."""
-    index = {r.id: i for i, r in enumerate(trace.requests)}
-    return seat_table_of([record.seats for record in trace.steps], index, trace.config["slots"])
 
 
 def seat_table_of(seats: list[list[list]], index: dict[str, int], slots: int) -> SeatTable:
