@@ -23,10 +23,10 @@ import streamlit as st
 from minillm.errors import MinillmError
 from minillm.layers.trace import Trace
 from viz.app import presenter, replays
-from viz.app.playback import Transport, play
+from viz.app.playback import Transport, headline_with_why, play
 from viz.app.trace_files import exports
 from viz.fleet import REASONS, FleetPlayer, fleet_colors, handovers, hit_rate, reason_counts, waited_behind
-from viz.html import headline_html, occupancy_legend, swatch
+from viz.html import occupancy_legend, swatch
 
 REPLICAS, PAIR = "fleet: 2 replicas", "fleet: prefill + decode"  # the step player's choices (beside its schedulers)
 CHOICES = [REPLICAS, PAIR]
@@ -96,9 +96,9 @@ def legend(players: list[FleetPlayer]) -> str:
     return occupancy_legend(held=False, more=tuple(more))
 
 
-def headline(players: list[FleetPlayer], one_engine: Trace | None, row=None) -> None:
+def headline(players: list[FleetPlayer], one_engine: Trace | None, setting: str, row=None) -> None:
     """The fleet's one big number: the prefix-hit rate (replicas), or a decoding user's worst wait for a prompt on
-    one engine against the decode engine (pair); why, one click away in the presenter view."""
+    one engine against the decode engine (pair); why, and the fleet's setting (`setting`), one click away."""
     tables = [p.table for p in players]
     if players[0].role == "replica":
         cached, prompt = hit_rate(tables)
@@ -120,17 +120,11 @@ def headline(players: list[FleetPlayer], one_engine: Trace | None, row=None) -> 
                 "in which its users were decoding: each of them waited for those. The decode engine runs no prompt: "
                 f"each ran on the prefill engine, and its KV crossed once ({len(moved)} hand-overs, {kv:,} prompt "
                 "tokens' KV in all; lesson 13).")  # fmt: skip
-    if not presenter.on():
-        st.markdown(headline_html(label, parts, note), unsafe_allow_html=True)
-        return
-    line, why = row or st.columns([8, 1.6], vertical_alignment="center")
-    line.markdown(headline_html(label, parts, one_line=True), unsafe_allow_html=True)
-    with why.popover("why?", icon=":material/info:", help="why these numbers", width="stretch"):
-        st.markdown(note, unsafe_allow_html=True)
+    headline_with_why(label, parts, f"{setting} {note}", row)
 
 
 def setup(run: dict, players: list[FleetPlayer]) -> str:
-    """What the fleet is, in a sentence (the normal view's caption)."""
+    """What the fleet is, in a sentence (behind the headline's why?)."""
     config = players[0].table.config
     engines = "two replicas" if run["fleet"] == "replicas" else "a prefill engine and a decode engine"
     pool = f"{config['slots']} seats and {config['num_blocks']} KV blocks of {config['block_size']} tokens each"
@@ -161,8 +155,6 @@ def show(settings: dict, device: str, schedule: str, transport: Transport, rows:
     fleet_players = cached_players(traces, run_key, size.width, size.text_px, size.height)
     players = list(zip(titles(fleet_players), fleet_players))
     exports(players, rows[0])
-    if not presenter.on():
-        st.caption(setup(run, fleet_players))
     baseline = one_engine(one_engine_settings(run)) if fleet == "pair" else None
-    headline(fleet_players, baseline, rows[1:] if presenter.on() else None)
+    headline(fleet_players, baseline, setup(run, fleet_players), rows[1:] if presenter.on() else None)
     play(players, transport, legend=legend(fleet_players))

@@ -122,9 +122,8 @@ CLICKER_KEYS = {"PageUp": -1, "PageDown": 1}  # a clicker's back and forward: a 
 
 
 def clicker_keys(transport: Transport, last: int, where) -> None:
-    """A button takes one shortcut: ← and → have the visible ones, PageUp and PageDown (what a presenter's clicker
-    sends) each a button of their own, in a container the CSS takes out of the layout and out of sight (ALWAYS in
-    presenter.py): no room taken, nothing drawn, the keys still reach them."""
+    """A button takes one shortcut: PageUp and PageDown (a presenter's clicker) get buttons of their own, in a
+    container the CSS takes out of the layout and out of sight (presenter.ALWAYS); the keys still reach them."""
     keys = where.container(key=transport.key(presenter.HIDDEN_KEYS))
     for name, delta in CLICKER_KEYS.items():
         keys.button("", key=transport.key(name.lower()), on_click=transport.shift, args=(delta, last), shortcut=name,
@@ -244,9 +243,8 @@ WHY_LABEL = "why these numbers"
 
 
 def seats_busy_headline(players: list[tuple[str, TracePlayer]], note: str = "", row=None) -> None:
-    """The one big number of a side-by-side view, on one line: seats busy over the whole run, each policy; `note`
-    and how long each run took to serve everyone one click away, in a popover (row: two columns for them, e.g.
-    beside the settings; default: a row of its own)."""
+    """The one big number of a side-by-side view: seats busy over the whole run, each policy; `note` and how long
+    each run took to serve everyone behind its why? (headline_with_why, which says what `row` is)."""
     if len(players) != 2:
         return
     parts = [(title.removesuffix(" batching"), f"{p.summary['slot_utilization']:.0%}") for title, p in players]
@@ -255,10 +253,17 @@ def seats_busy_headline(players: list[tuple[str, TracePlayer]], note: str = "", 
         unit = (lambda v: f"{v:,.1f} s") if players[0][1].simulated else (lambda v: f"{v + 1:,} steps")
         done = ", ".join(f"{part[0]} {unit(end)}" for part, end in zip(parts, ends))
         note = f"{note} All requests done in: {done}.".strip()
+    same = "Same requests and seats: only the scheduler differs."
+    headline_with_why("Seats busy, whole run:", parts, f"{same} {note}", row)
+
+
+def headline_with_why(label: str, parts: list[tuple[str, str]], note: str, row=None) -> None:
+    """A view's big numbers on one line (headline_html), and why they say so one click away in a popover (row: two
+    columns for them, e.g. beside the settings; default: a row of its own)."""
     line, why = row or st.columns([8, 1.6], vertical_alignment="center")
-    line.markdown(headline_html("Seats busy, whole run:", parts, one_line=True), unsafe_allow_html=True)
+    line.markdown(headline_html(label, parts, one_line=True), unsafe_allow_html=True)
     with why.popover("why?", icon=":material/info:", help=WHY_LABEL, width="stretch"):
-        st.markdown(f"Same requests and seats: only the scheduler differs. {note}", unsafe_allow_html=True)
+        st.markdown(note, unsafe_allow_html=True)
 
 
 def play(players: list[tuple[str, TracePlayer]], transport: Transport, headline=None, legend: str | None = None
@@ -272,10 +277,8 @@ def play(players: list[tuple[str, TracePlayer]], transport: Transport, headline=
 
 
 def _player(players, transport: Transport, timer: float | None, legend: str | None = None) -> None:
-    """One frame: the transport row (widgets), then the caption, the legend and every panel as ONE block of HTML.
-    Streamlit sends each element on its own, and a panel's frame takes a while to look up: panels drawn one by one
-    showed different steps while playing (the caption at 158, the slider at 151, the panels at 151 and 145). Every
-    frame is looked up first, then sent at once."""
+    """One frame: the transport row (widgets), then the caption, the legend and every panel as ONE block of HTML,
+    every frame looked up first (panels sent one by one showed different steps while playing: 158, 151 and 145)."""
     timeline = Timeline.of([p for _, p in players])
     if transport.timer() != timer:  # play / pause / speed changed: the fragment's timer is set by a full run
         st.rerun(scope="app")
@@ -292,7 +295,6 @@ def _player(players, transport: Transport, timer: float | None, legend: str | No
     st.markdown((SLIDER_NUMBER_HIDDEN if transport.playing else "") + block, unsafe_allow_html=True)
 
 
-# While playing, the slider's own number trails the frame by one (Streamlit's slider takes a new value from the server
-# a frame late; measured in headless Chromium): hidden then (its room kept), the caption says the step. Its thumb
-# trails by a frame's steps, a few pixels.
+# While playing, the slider (a widget of its own) shows the new step 1-20 ms after the frame's block, under load at
+# times a frame late (docs/screenshot.py --measure): its number hidden then (room kept), the caption says the step.
 SLIDER_NUMBER_HIDDEN = '<style>[data-testid="stSliderThumbValue"] { visibility: hidden; }</style>'
