@@ -23,6 +23,7 @@ from __future__ import annotations
 import hashlib
 import json
 import os
+from functools import cache
 from pathlib import Path
 
 import torch
@@ -39,6 +40,7 @@ from minillm.model.tokenizer import EOS
 SHIPPED_BOOK = Path(__file__).parent.parent / "weights" / "replies.json"
 
 
+@cache  # (a 6 MB read: the app asks for it whenever it opens or saves a book)
 def weights_fingerprint(path: Path = DEFAULT_CHECKPOINT) -> str:
     """The checkpoint's identity: a book is valid only for the weights that wrote it."""
     return hashlib.sha256(Path(path).read_bytes()).hexdigest()[:16]

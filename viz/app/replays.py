@@ -71,11 +71,6 @@ def requests_of(settings: dict) -> list[Request]:
     return requests
 
 
-def missing(settings: dict) -> int:
-    """How many of the settings' prompts have no recorded reply yet (the model must run for them)."""
-    return len(book().missing(requests_of(settings)))
-
-
 def ensure_replies(settings: dict, model) -> None:
     """Compute the replies the book lacks for this crowd, and keep them."""
     if compute_replies(book(), requests_of(settings), model):

@@ -78,7 +78,10 @@ def load_my_scheduler():
     return scheduler
 
 
-@st.cache_resource(max_entries=24, show_spinner=False)  # a long contiguous trace is tens of MB
+SERVING = "Serving the crowd: each prompt's reply replayed (the model runs only for prompts it never answered)…"
+
+
+@st.cache_resource(max_entries=24, show_spinner=SERVING)  # (shown only when it runs; a long contiguous trace: MBs)
 def cached_trace(scheduler: str, source: str, device: str, settings: str) -> Trace:
     """One replayed run as a Trace object, shared (cache_resource): replaying never copies it. `source` (the
     student's file) is only a cache key: an edit reruns it."""
@@ -96,11 +99,7 @@ def trace_for(scheduler: str, settings: dict, device: str) -> tuple[Trace, str]:
     """The run's trace and its cache key (the student's file is part of the key: an edit reruns it)."""
     source = my_scheduler_source() if scheduler == "mine" else ""
     key = [scheduler, source, device, json.dumps(settings, sort_keys=True)]
-    new = replays.missing(settings)
-    doing = (f"Computing {new} repl{'y' if new == 1 else 'ies'} with the model (once for these prompts), then "
-             f"serving them: {TITLES[scheduler]}…" if new else f"Serving the crowd: {TITLES[scheduler]}…")  # fmt: skip
-    with st.spinner(doing):
-        return cached_trace(*key), json.dumps(key)
+    return cached_trace(*key), json.dumps(key)
 
 
 # --- the settings (the sidebar; in the presenter view, an expander) ------------------------------------------------
