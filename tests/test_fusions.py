@@ -170,14 +170,6 @@ def test_a_step_never_waits_for_a_value(layout):
     assert not syncs, f"host syncs in a decode step: {syncs}"
 
 
-def test_compile_on_a_cpu_is_a_clear_error(capsys):
-    """--compile is off by default; asked for on a CPU, it says why it is not used there and stops."""
-    from minillm.cli import main
-
-    assert main(["run", "--compile", "--device", "cpu", "--requests", "1"]) == 2
-    assert "--compile is for a CUDA GPU" in capsys.readouterr().err
-
-
 def test_a_decode_step_calls_sorted_by_kind():
     """One call per RMSNorm, four matmuls per layer (qkv, o, gate_up, down) and the head; every call has a kind."""
     from minillm.bench.calls import calls_by_kind

@@ -45,3 +45,6 @@ def test_vllm_serves_the_export_with_the_same_tokens_and_steps(shipped_model):
     assert result["identical_replies"] == SMALL["knobs"].requests
     assert result["minillm"]["steps"] == result["vllm_run"]["steps"]
     assert result["minillm"]["tokens_per_s"] > 0 and result["vllm_run"]["tokens_per_s"] > 0
+    theirs = result["vllm_run"]["split_ms_per_step"]  # (vLLM's step split by the same hooks as minillm's)
+    assert theirs["forward_s"] > 0 and theirs["pick_s"] > 0 and theirs["rest_s"] > 0
+    assert "forward" in "\n".join(markdown({"repeats": 1, "requests": 6, "4-eager": result}))

@@ -30,21 +30,44 @@ def cpu_s() -> float:
     return usage.ru_utime + usage.ru_stime
 
 
+def timed(module, spent: dict, key: str) -> list:
+    """Hooks that add the seconds each call of the module takes to spent[key] (removed by the caller)."""
+    started: list[float] = []
+
+    def done(*_) -> None:
+        spent[key] += time.perf_counter() - started.pop()
+
+    return [module.register_forward_pre_hook(lambda *_: started.append(time.perf_counter())),
+            module.register_forward_hook(done)]  # fmt: skip
+
+
 def serve(engine, requests, params_for) -> dict:
-    """Every request at once, then the engine's steps until all are done."""
+    """Every request at once, then the engine's steps until all are done. The step is split as minillm's is: the
+    model's forward (hooks on vLLM's model and its logits' projection, as minillm's forward ends in its head), the
+    pick (its sampler) and the rest."""
     from vllm.inputs import TokensPrompt
 
+    runner = engine.model_executor.driver_worker.worker.model_runner  # (one process: the uni executor)
+    spent = {"forward_s": 0.0, "pick_s": 0.0}
+    hooks = timed(runner.model, spent, "forward_s") + timed(runner.model.logits_processor, spent, "forward_s")
+    hooks += timed(runner.sampler, spent, "pick_s")
     began, cpu_began = time.perf_counter(), cpu_s()
     for i, (ids, max_new) in enumerate(requests):
         engine.add_request(str(i), TokensPrompt(prompt_token_ids=ids), params_for(max_new))
     replies, steps = {}, 0
-    while engine.has_unfinished_requests():
-        for out in engine.step():
-            if out.finished:
-                replies[int(out.request_id)] = list(out.outputs[0].token_ids)
-        steps += 1
-    return {"seconds": time.perf_counter() - began, "cpu_s": cpu_s() - cpu_began, "steps": steps,
-            "replies": [replies[i] for i in range(len(requests))]}  # fmt: skip
+    try:
+        while engine.has_unfinished_requests():
+            for out in engine.step():
+                if out.finished:
+                    replies[int(out.request_id)] = list(out.outputs[0].token_ids)
+            steps += 1
+    finally:
+        for hook in hooks:
+            hook.remove()
+    seconds = time.perf_counter() - began
+    return {"seconds": seconds, "cpu_s": cpu_s() - cpu_began, "steps": steps,
+            "replies": [replies[i] for i in range(len(requests))],
+            "split": spent | {"rest_s": seconds - spent["forward_s"] - spent["pick_s"]}}  # fmt: skip
 
 
 def main() -> None:

@@ -47,48 +47,24 @@ def model_args(p: argparse.ArgumentParser) -> None:
 
 
 def compile_arg(p: argparse.ArgumentParser) -> None:
-    p.add_argument("--compile", action="store_true", help="torch.compile the model's forward (a CUDA GPU only)")
+    p.add_argument("--compile", action="store_true",
+                   help="torch.compile the model's forward: one graph for every step, compiled at the first (30-45 s "
+                        "on a 2-core CPU); the same tokens")  # fmt: skip
+    p.add_argument("--plain-matmul", action="store_true",
+                   help="the model's Linear layers as written (MKL on a CPU), not through oneDNN with each weight "
+                        "laid out once (layers/prepack.py)")  # fmt: skip
 
 
-def load_model_from(args: argparse.Namespace):
+def load_model_from(args: argparse.Namespace, default_forward: str = "prepacked"):
+    """The model --checkpoint and --device name, with the forward --compile and --plain-matmul ask for (layers/
+    compiled.py); `default_forward` without either (a benchmark measures the model as written)."""
+    from minillm.layers.compiled import speed_up
     from minillm.model.checkpoint import load_model
 
     model = load_model(args.checkpoint, args.device)
-    return compile_forward(model) if getattr(args, "compile", False) else model
-
-
-# Measured on this project's 2-core CPU machine (torch 2.13, gcc present): torch.compile of the forward took 48 s
-# for one prefill shape and 62 s for one decode shape, shapes change every step (rows, context), and the compiled
-# decode step then ran at 80 ms against 3 ms eager; with dynamic=True Inductor failed ("mul expected 2 arguments").
-NO_COMPILE_ON_CPU = ("--compile is for a CUDA GPU: on a CPU, torch.compile of minillm's forward takes about a "
-                     "minute per shape and the steps ran slower, not faster (the code you read runs: drop "
-                     "--compile)")  # fmt: skip
-
-
-def compile_forward(model):
-    """--compile: the forward through torch.compile where it works (a CUDA GPU). If compiling fails, say why once and
-    run the plain forward: the steps do not depend on it."""
-    import sys
-
-    import torch
-
-    from minillm.errors import ConfigError
-
-    if next(model.parameters()).device.type != "cuda":
-        raise ConfigError(NO_COMPILE_ON_CPU)
-    plain, compiled = model.forward, torch.compile(model.forward, dynamic=True)
-
-    def forward(*args, **kwargs):
-        try:
-            return compiled(*args, **kwargs)
-        except Exception as e:  # any compiler failure: fall back, never stop serving
-            print(f"--compile: torch.compile failed ({type(e).__name__}: {str(e)[:200]}); running uncompiled",
-                  file=sys.stderr)  # fmt: skip
-            model.forward = plain
-            return plain(*args, **kwargs)
-
-    model.forward = forward
-    return model
+    if getattr(args, "compile", False):
+        return speed_up(model, "compiled")
+    return speed_up(model, "plain" if getattr(args, "plain_matmul", False) else default_forward)
 
 
 def sampling_args(p: argparse.ArgumentParser) -> None:

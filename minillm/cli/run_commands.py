@@ -124,7 +124,7 @@ def cmd_bench(args: argparse.Namespace) -> None:
     unknown = set(args.only or []) - set(BENCHES)
     if unknown:
         raise ConfigError(f"unknown benchmark(s) {sorted(unknown)}; choose from {', '.join(BENCHES)}")
-    model = load_model_from(args)
+    model = load_model_from(args, default_forward="plain")  # (the entries measure the model as written)
     results = run_benchmarks(model, BenchSettings(quick=args.quick), args.only, progress=not args.json)
     command = "python -m minillm bench" + " --quick" * args.quick + f" --device {args.device}" * (args.device != "auto")
     command += " --compile" * args.compile

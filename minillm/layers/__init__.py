@@ -9,6 +9,8 @@ handover.py    each token + admit with KV: prefill on one engine, decode on anot
 constrain.py   pick, through the sampler: a pattern's mask on each row's logits (lesson 14)
 books.py       after the step: the KV books checked every step (debug)
 reference.py   the one-user loop with every pick rule: what a layered engine must match
+prepack.py     the runner's model: each linear's weight laid out once for oneDNN (lesson 07b)
+compiled.py    ... or its forward through torch.compile, attention one opaque op (lesson 07b)
 engine.py      LayeredEngine: the core's loop with each layer plugged in, what the rest of minillm runs
 
 No core file imports or names this folder's layers: the core runs greedy on its own (tests/test_architecture.py).

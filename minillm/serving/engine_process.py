@@ -53,7 +53,7 @@ class EngineProcess(LoopHandle):
         role, link: "prefill" or "decode" with the address of the pair's process group (disaggregate.py);
         loop_args: ServeLoop's (max_waiting, keep_steps, stream_interval)."""
         weights = save_tensors({k: v.detach().cpu().contiguous() for k, v in model.state_dict().items()})
-        device = str(next(model.parameters()).device)
+        device = (str(next(model.parameters()).device), getattr(model, "forward_kind", "plain"))  # (layers/compiled.py)
         recipe = (model.cfg, weights, device, torch.get_num_threads(), scheduler, token_budget, cfg, (tp, role, link),
                   loop_args)  # fmt: skip
         self.conn, child_end = multiprocessing.Pipe()
@@ -251,22 +251,23 @@ def run_engine(conn: Connection, recipe: tuple) -> None:
     """The child's life: build the engine and its loop, say ready, serve until told to stop or the pipe closes."""
     signal.signal(signal.SIGINT, signal.SIG_IGN)  # Ctrl-C is the server's to handle (see the module's notes)
     from minillm.engine.scheduler import SCHEDULERS
+    from minillm.layers.compiled import speed_up
     from minillm.model.transformer import Transformer
     from minillm.serving.serve_loop import ServeLoop
 
-    model_cfg, weights, device, threads, scheduler, token_budget, cfg, (tp, role, link), loop_args = recipe
+    model_cfg, weights, (device, forward), threads, scheduler, token_budget, cfg, (tp, role, link), loop_args = recipe
     runner = None
     try:
         torch.set_num_threads(threads)
         torch.seed()  # unseeded sampling differs from one server to the next
         model = Transformer(model_cfg)
         model.load_state_dict(load_tensors(weights))
-        runner = model.to(device)
+        runner = model.to(device) if tp > 1 else speed_up(model.to(device), forward)  # (a shard's linears are plain)
         if tp > 1:  # this process is rank 0: it starts the other ranks and hands them every step
             from minillm.parallel.runner import ShardedRunner
 
             runner = ShardedRunner(runner, tp)
-        meta = {"workload": "live"} | ({"tp": tp} if tp > 1 else {})
+        meta = {"workload": "live", "forward": getattr(runner, "forward_kind", "plain")} | ({"tp": tp} if tp > 1 else {})
         engine = LayeredEngine(runner, SCHEDULERS[scheduler](token_budget=token_budget), cfg, meta)
     except Exception as e:  # noqa: BLE001 (the parent reports it in one line)
         conn.send(("failed", str(e)))
