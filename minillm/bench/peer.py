@@ -26,6 +26,8 @@ from pathlib import Path
 
 import torch
 
+from minillm.bench.peer_server import markdown as server_markdown
+from minillm.bench.peer_server import serve_turns
 from minillm.layers.compiled import speed_up
 from minillm.model.tokenizer import EOS
 from minillm.model.transformer import Transformer
@@ -148,6 +150,7 @@ def bench_peer(model: Transformer, s) -> dict:
             for seats in SEATS:
                 for mode in MODES if not s.quick or seats == SEATS[0] else ():
                     results[f"{seats}-{mode}"] = take_turns(ours[mode], python, folder, seats, mode, repeats)
+            results["servers"] = serve_turns(python, folder, SEATS[0], repeats)
     finally:
         torch.set_num_threads(threads)
     return results
@@ -184,7 +187,7 @@ def markdown(r: dict) -> list[str]:
     lines = ["## 19. minillm against vLLM on the same CPU", ""]
     if "skipped" in r:
         return lines + [r["skipped"], ""]
-    runs = [v for v in r.values() if isinstance(v, dict)]
+    runs = [v for k, v in r.items() if isinstance(v, dict) and k != "servers"]
     first, compiled = runs[0], [v for v in runs if v["mode"] == "compiled"]
     lines += [
         f"vLLM {first['vllm']} (CPU build) serving minillm's export beside minillm's engine: the `chat` crowd of "
@@ -225,7 +228,7 @@ def markdown(r: dict) -> list[str]:
         cells = [f"{ours[key]:.2f} / " + (f"{theirs[key]:.2f}" if key in theirs else "-")
                  for key in ("forward_s", "pick_s", "rest_s")]  # fmt: skip
         lines.append(f"| {v['seats']} | {v['mode']} | " + " | ".join(cells) + " |")
-    return lines + ["", *reading(runs), ""]
+    return lines + ["", *reading(runs), "", *(server_markdown(r["servers"]) if "servers" in r else [])]
 
 
 def reading(runs: list[dict]) -> list[str]:

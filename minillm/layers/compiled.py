@@ -4,7 +4,8 @@ given; this layer gives it one whose forward is compiled, with the same tokens).
 What the compiler gets, and what it is kept from:
 - **One graph for every step.** A step's tokens are laid end to end, (1, N), whatever the rows (packing.py), and N is
   a symbol, not a number: size-oblivious, so N = 1 (one user decoding) and N = 300 (a prompt) run one compiled graph.
-  The graph is compiled once, at the first step (30-45 s on this project's 2-core machine), as vLLM's CPU build does.
+  The graph is compiled once, before the first step, on a made-up step of two rows (8-45 s on this project's 2-core
+  machine), as vLLM's CPU build compiles at start. Were the first step one row, sizes of 1 would be fixed in it.
 - **Attention stays outside it.** Where a token's keys live (block tables, the step's groups and masks) is the cache's
   business, planned in Python once per step. In the graph, attention is one opaque op (`minillm::cached_attention`)
   that calls the step's cache; the compiler fuses what is around it: norms, rotary, residual adds, SwiGLU.
@@ -16,6 +17,7 @@ Without a cache (the plain loop, training) the model runs its plain forward.
 
 from __future__ import annotations
 
+import sys
 import time
 
 import torch
@@ -23,6 +25,7 @@ import torch._inductor.config as inductor
 import torch.fx.experimental._config as symbolic_shapes
 from torch import nn
 
+from minillm.engine.kv_cache import PagedKVCache
 from minillm.layers.prepack import can_prepack, prepack
 
 FORWARDS = ("plain", "prepacked", "compiled")
@@ -55,30 +58,50 @@ class CompiledForward:
     """model.forward's stand-in: a step with a cache runs the compiled graph, anything else the plain forward."""
 
     def __init__(self, model: nn.Module):
-        self.plain = model.forward
+        self.model, self.plain = model, model.forward
         # (both settings are the process's: compiling is the process's choice, made at start)
         symbolic_shapes.backed_size_oblivious = True  # N = 1 is no special case: one graph for every N
         inductor.freezing = True  # weights as constants (torch.compile's options= does not reach this)
         self.compiled = torch.compile(self.plain, dynamic=True)
-        self.compile_s: float | None = None  # seconds the first step took: the compile
+        self.compile_s: float | None = None  # seconds the compile took, at the first step
         self.opaque = OpaqueCache()
 
     def __call__(self, tokens, positions=None, cache=None, last_only=False, logits_at=None):
-        if cache is None or logits_at is None:
+        if cache is None or logits_at is None or self.compiled is None:
             return self.plain(tokens, positions, cache, last_only, logits_at)
+        try:  # (a compiler that fails, e.g. on a machine without a C++ compiler: say why once, serve uncompiled)
+            if self.compile_s is None:
+                self.compile()
+            # its one graph serves every step: checking its guards (every weight's, 0.15 ms a step) is skipped
+            with torch.compiler.set_stance(skip_guard_eval_unsafe=True):
+                return self.run(tokens, positions, cache, logits_at)
+        except Exception as e:  # noqa: BLE001
+            print(f"--compile: the compiled forward failed ({type(e).__name__}: {str(e)[:200]}); running it "
+                  "uncompiled", file=sys.stderr)  # fmt: skip
+            self.compiled = None
+            return self.plain(tokens, positions, cache, last_only, logits_at)
+
+    def run(self, tokens, positions, cache, logits_at) -> torch.Tensor:
         STEP["cache"] = cache
-        began = time.perf_counter()
-        # Once compiled, its one graph serves every step: checking its guards (every weight's, 0.15 ms) is skipped
-        stance = torch.compiler.set_stance(skip_guard_eval_unsafe=self.compile_s is not None)
         try:
-            flat = lambda t: t.reshape(1, -1)  # (B, T) -> (1, B * T): the plan keeps the rows' shape
-            with stance:
-                logits = self.compiled(flat(tokens), flat(positions), self.opaque, logits_at=logits_at)  # (R, V)
+            # (B, T) -> (1, B * T): the plan keeps the rows' shape. A copy, not a view: the compiler guards a view's
+            # base, and a step whose tensors are not views of the same rank would compile again
+            flat = lambda t: t.reshape(1, -1).clone()
+            return self.compiled(flat(tokens), flat(positions), self.opaque, logits_at=logits_at)  # (R, V)
         finally:
             STEP["cache"] = None
-        if self.compile_s is None:
-            self.compile_s = time.perf_counter() - began
-        return logits
+
+    @torch.no_grad()
+    def compile(self) -> None:
+        """Compile on a made-up step in a cache of its own: two rows of 2 and 1 tokens, so N = 3 tokens and R = 2
+        picks. The compiler keeps sizes 0 and 1 out of its symbols and takes two equal sizes for one: a first step
+        of one row, or with N = R, would fix that in the graph, and a later step would compile again."""
+        began, device = time.perf_counter(), next(self.model.parameters()).device
+        cache = PagedKVCache(self.model.cfg, num_blocks=2, block_size=16, device=device)
+        positions = cache.prepare([0, 1], [2, 1])  # (1, 3): the rows end to end
+        tokens, picks = torch.zeros_like(positions), torch.tensor([1, 2], device=device)  # each row's last token
+        self.run(tokens, positions, cache, logits_at=picks)
+        self.compile_s = time.perf_counter() - began
 
 
 def speed_up(model: nn.Module, forward: str = "prepacked") -> nn.Module:
