@@ -96,16 +96,23 @@ def test_an_unknown_forward_is_refused(plain):
         speed_up(copy.deepcopy(plain), "fast")
 
 
-@pytest.mark.parametrize(("flags", "forward"), [({}, "prepacked"), ({"plain_matmul": True}, "plain"),
-                                                 ({"compile": True}, "compiled")])  # fmt: skip
+@pytest.mark.parametrize(("flags", "forward"), [({}, "prepacked"), ({"plain_matmul": True}, "plain")])
 def test_the_cli_loads_the_forward_its_flags_ask_for(flags, forward):
     from minillm.cli.args import load_model_from
 
     args = argparse.Namespace(checkpoint=None, device="cpu", **flags)
     expected = forward if forward != "prepacked" or torch.backends.mkldnn.is_available() else "plain"
     assert load_model_from(args).forward_kind == expected
-    assert load_model_from(args, default_forward="plain").forward_kind == ("plain" if not flags.get("compile")
-                                                                            else "compiled")  # fmt: skip
+    assert load_model_from(args, default_forward="plain").forward_kind == "plain"  # (what bench measures)
+
+
+def test_the_cli_compiles_before_the_first_step_and_says_how_long(capsys):
+    """--compile: compiled at load, so no step's time (a TTFT, a bench's run) holds the compile."""
+    from minillm.cli.args import load_model_from
+
+    model = load_model_from(argparse.Namespace(checkpoint=None, device="cpu", compile=True))
+    assert model.forward_kind == "compiled" and model.forward.compile_s > 0 and model.forward.compiled is not None
+    assert f"compiled in {model.forward.compile_s:.0f} s" in capsys.readouterr().err
 
 
 def test_serve_builds_the_same_forward_in_its_engine_process(server, client, shipped_model):

@@ -180,7 +180,7 @@ def take_turns(model: Transformer, python: str, export: str, seats: int, mode: s
     return {"seats": seats, "mode": mode, "vllm": peer.info["version"], "vllm_start_s": peer.info["start_s"],
             "minillm_forward": getattr(model, "forward_kind", "plain"), "minillm_compile_s": compile_s,
             "tokens": tokens, "identical_replies": same, "minillm": mine, "vllm_run": vllm,
-            "ratio": mine["tokens_per_s"] / vllm["tokens_per_s"]}  # fmt: skip
+            "ratio": statistics.median(b["seconds"] / a["seconds"] for a, b in zip(ours, theirs))}  # fmt: skip
 
 
 def markdown(r: dict) -> list[str]:
@@ -193,17 +193,18 @@ def markdown(r: dict) -> list[str]:
         f"vLLM {first['vllm']} (CPU build) serving minillm's export beside minillm's engine: the `chat` crowd of "
         f"`run --workload chat --requests {r['requests']} --rate 1000 --seed 23` (everyone queued at once, greedy, "
         "EOS honoured), one thread each, fp32, vLLM in a process of its own that keeps its engine; the two take turns, "
-        f"{r['repeats']} runs each, medians. Eager: vLLM's `enforce_eager`, and minillm's forward with its linears "
-        "through oneDNN, each weight laid out once (`layers/prepack.py`: what `run` and `serve` do on a CPU), as "
-        "vLLM's are. Compiled: vLLM's default, and minillm's `--compile` (`layers/compiled.py`); the compile at start "
-        "took vLLM "
+        f"{r['repeats']} runs each, medians (the ratio: the median of each pair's; a machine that drifts over "
+        "minutes moves both runs of a pair together). Eager: vLLM's `enforce_eager`, and minillm's forward with its "
+        "linears through oneDNN, each weight laid out once (`layers/prepack.py`: what `run` and `serve` do on a CPU), "
+        "as vLLM's are. Compiled: vLLM's default, and minillm's `--compile` (`layers/compiled.py`); the compile at "
+        "start took vLLM "
         + ", ".join(f"{v['vllm_start_s']:.0f} s" for v in compiled)
         + " (its whole start) and minillm "
         + ", ".join(f"{v['minillm_compile_s']:.0f} s" for v in compiled[:1] if v["minillm_compile_s"])
         + " (its first step).",
         "",
-        "| seats | both | minillm tokens/s | vLLM tokens/s | minillm / vLLM | mean step, minillm / vLLM (ms) | "
-        "CPU per token (us) | steps | identical replies |",
+        "| seats | both | minillm tokens/s | vLLM tokens/s | minillm / vLLM (pairs' median) | mean step, minillm / "
+        "vLLM (ms) | CPU per token (us) | steps | identical replies |",
         "|---:|---|---:|---:|---:|---:|---:|---:|---:|",
     ]
     for v in runs:

@@ -4,8 +4,9 @@ given; this layer gives it one whose forward is compiled, with the same tokens).
 What the compiler gets, and what it is kept from:
 - **One graph for every step.** A step's tokens are laid end to end, (1, N), whatever the rows (packing.py), and N is
   a symbol, not a number: size-oblivious, so N = 1 (one user decoding) and N = 300 (a prompt) run one compiled graph.
-  The graph is compiled once, before the first step, on a made-up step of two rows (8-45 s on this project's 2-core
-  machine), as vLLM's CPU build compiles at start. Were the first step one row, sizes of 1 would be fixed in it.
+  The graph is compiled once, before the first step, on a made-up step of two rows (8-11 s for the shipped model on
+  this project's 2-core machine; vLLM's CPU build compiles at start too). Were the first step one row, sizes of 1
+  would be fixed in it.
 - **Attention stays outside it.** Where a token's keys live (block tables, the step's groups and masks) is the cache's
   business, planned in Python once per step. In the graph, attention is one opaque op (`minillm::cached_attention`)
   that calls the step's cache; the compiler fuses what is around it: norms, rotary, residual adds, SwiGLU.
@@ -63,23 +64,33 @@ class CompiledForward:
         symbolic_shapes.backed_size_oblivious = True  # N = 1 is no special case: one graph for every N
         inductor.freezing = True  # weights as constants (torch.compile's options= does not reach this)
         self.compiled = torch.compile(self.plain, dynamic=True)
-        self.compile_s: float | None = None  # seconds the compile took, at the first step
+        self.compile_s: float | None = None  # seconds the compile took (at the first step, or at speed_up's asking)
         self.opaque = OpaqueCache()
 
     def __call__(self, tokens, positions=None, cache=None, last_only=False, logits_at=None):
-        if cache is None or logits_at is None or self.compiled is None:
+        if cache is None or logits_at is None or not self.ready():
             return self.plain(tokens, positions, cache, last_only, logits_at)
-        try:  # (a compiler that fails, e.g. on a machine without a C++ compiler: say why once, serve uncompiled)
-            if self.compile_s is None:
-                self.compile()
-            # its one graph serves every step: checking its guards (every weight's, 0.15 ms a step) is skipped
+        try:  # its one graph serves every step: checking its guards (every weight's, 0.15 ms a step) is skipped
             with torch.compiler.set_stance(skip_guard_eval_unsafe=True):
                 return self.run(tokens, positions, cache, logits_at)
         except Exception as e:  # noqa: BLE001
-            print(f"--compile: the compiled forward failed ({type(e).__name__}: {str(e)[:200]}); running it "
-                  "uncompiled", file=sys.stderr)  # fmt: skip
-            self.compiled = None
+            self.give_up(e)
             return self.plain(tokens, positions, cache, last_only, logits_at)
+
+    def ready(self) -> bool:
+        """Compiled, once; False where the compiler failed (e.g. a machine without a C++ compiler): the plain
+        forward serves then, after a line that says why."""
+        if self.compiled is not None and self.compile_s is None:
+            try:
+                self.compile()
+            except Exception as e:  # noqa: BLE001
+                self.give_up(e)
+        return self.compiled is not None
+
+    def give_up(self, error: Exception) -> None:
+        print(f"--compile: the compiled forward failed ({type(error).__name__}: {str(error)[:200]}); running it "
+              "uncompiled", file=sys.stderr)  # fmt: skip
+        self.compiled = None
 
     def run(self, tokens, positions, cache, logits_at) -> torch.Tensor:
         STEP["cache"] = cache
@@ -104,10 +115,11 @@ class CompiledForward:
         self.compile_s = time.perf_counter() - began
 
 
-def speed_up(model: nn.Module, forward: str = "prepacked") -> nn.Module:
+def speed_up(model: nn.Module, forward: str = "prepacked", compile_now: bool = False) -> nn.Module:
     """The model with the forward asked for: "plain" (as written), "prepacked" (linears through oneDNN with
-    weights laid out once, where the CPU build has it) or "compiled" (this file). Remembered on the model as
-    `model.forward_kind`, so an engine process given its weights can do the same (serving/engine_process.py)."""
+    weights laid out once, where the CPU build has it) or "compiled" (this file; compile_now: here, not at the first
+    step, so no step's time holds the compile). Remembered on the model as `model.forward_kind`, so an engine
+    process given its weights can do the same (serving/engine_process.py)."""
     if forward not in FORWARDS:
         raise ValueError(f"forward {forward!r}: choose one of {', '.join(FORWARDS)}")
     if forward == "prepacked" and not can_prepack(model):
@@ -116,5 +128,7 @@ def speed_up(model: nn.Module, forward: str = "prepacked") -> nn.Module:
         prepack(model)
     elif forward == "compiled":
         model.forward = CompiledForward(model)
+        if compile_now:
+            model.forward.ready()
     model.forward_kind = forward
     return model
