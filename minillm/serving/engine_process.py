@@ -262,16 +262,12 @@ def run_engine(conn: Connection, recipe: tuple) -> None:
         torch.seed()  # unseeded sampling differs from one server to the next
         model = Transformer(model_cfg)
         model.load_state_dict(load_tensors(weights))
-        runner = model.to(device)
-        if tp == 1:  # (a tensor-parallel shard runs its linears as written)
-            runner = speed_up(runner, forward, compile_now=True)  # (compiled before the server hears "ready")
-        if tp > 1:  # this process is rank 0: it starts the other ranks and hands them every step
+        runner = speed_up(model.to(device), forward if tp == 1 else "plain", compile_now=True)  # (before "ready")
+        if tp > 1:  # this process is rank 0: it starts the other ranks and hands them every step (linears as written)
             from minillm.parallel.runner import ShardedRunner
 
             runner = ShardedRunner(runner, tp)
-        meta = {"workload": "live", "forward": getattr(runner, "forward_kind", "plain")} | (
-            {"tp": tp} if tp > 1 else {}
-        )
+        meta = {"workload": "live", "forward": model.forward_kind} | ({"tp": tp} if tp > 1 else {})
         engine = LayeredEngine(runner, SCHEDULERS[scheduler](token_budget=token_budget), cfg, meta)
     except Exception as e:  # noqa: BLE001 (the parent reports it in one line)
         conn.send(("failed", str(e)))
