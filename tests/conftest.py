@@ -70,7 +70,8 @@ def random_model(name: str, device: str = "cpu", seed: int = 0) -> Transformer:
 @pytest.fixture(scope="module")
 def server(shipped_model):
     """The shipped model behind HTTP (the engine in its own process, 4 seats), for one test module; its forward is
-    `serve`'s on a CPU (linears prepacked: layers/prepack.py), which the engine process builds again from the weights."""
+    `serve`'s on a CPU (linears prepacked: layers/prepack.py), which the engine process builds again from the
+    weights."""
     import copy
 
     from minillm.layers.compiled import speed_up
