@@ -7,9 +7,9 @@ layer, every step. The shipped model's matmuls are small (a step's few to few hu
 0.1-1.4 MB), and that copy is a large part of each one. oneDNN, torch's other CPU library and the one vLLM's CPU
 build calls, takes the weight already laid out: it is copied once, here, and every later call only reads it.
 
-Measured on this project's 2-core AMD EPYC, one thread: a step's 17 linears, cycled through as a forward does, took
-1.6-1.9x less time at 4 to 96 tokens (lesson 07b times them on yours); at 1 token the two are even. Served, the
-chat crowd ran 1.09x vLLM's eager engine at 16 seats (BENCHMARKS.md section 19, `bench --only peer`).
+Measured on this project's 2-core AMD EPYC, one thread: the layers' 16 linears, cycled through as a forward does,
+took 1.6-1.9x less time at 4 to 96 tokens; at 1 token MKL was as fast or faster (lesson 07b times them on yours).
+The whole engine against vLLM's eager one, on the same crowd: BENCHMARKS.md section 19 (`bench --only peer`).
 
 A PrepackedLinear keeps its `weight` (checkpoints, export and state_dict see the same names) and lays it out
 lazily, on its first call in a process (a model sent to an engine process travels as its weights). Change the weight
