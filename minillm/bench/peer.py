@@ -17,7 +17,6 @@ from __future__ import annotations
 
 import json
 import os
-import resource
 import statistics
 import subprocess
 import tempfile
@@ -28,6 +27,7 @@ import torch
 
 from minillm.bench.peer_server import markdown as server_markdown
 from minillm.bench.peer_server import serve_turns
+from minillm.bench.peer_vllm import ONE_PROCESS, VLLM_ENV, cpu_s, timed
 from minillm.layers.compiled import speed_up
 from minillm.model.tokenizer import EOS
 from minillm.model.transformer import Transformer
@@ -45,23 +45,12 @@ SKIPPED = (f"skipped: no vLLM to compare with: set {ENV}=/path/to/venv/bin/pytho
 DRIVER = Path(__file__).with_name("peer_vllm.py")
 
 
-def cpu_s() -> float:
-    usage = resource.getrusage(resource.RUSAGE_SELF)
-    return usage.ru_utime + usage.ru_stime
-
-
 def minillm_run(model: Transformer, seats: int, crowd: dict = CROWD) -> dict:
     """One run of the crowd on minillm's engine (continuous, paged), with its step split: forward, pick, the rest."""
     engine = workload_engine(model, crowd["workload"], "continuous", slots=seats, knobs=crowd["knobs"],
                              seed=crowd["seed"])  # fmt: skip
     spent = {"forward_s": 0.0, "pick_s": 0.0}
-    started: list[float] = []
-
-    def forward_done(*_) -> None:
-        spent["forward_s"] += time.perf_counter() - started.pop()
-
-    hooks = [model.register_forward_pre_hook(lambda *_: started.append(time.perf_counter())),
-             model.register_forward_hook(forward_done)]  # fmt: skip
+    hooks = timed(model, spent, "forward_s")
     pick = engine.picker.pick
 
     def timed_pick(logits, batch):
@@ -87,7 +76,7 @@ class VllmPeer:
     """vLLM's engine in its own process (peer_vllm.py), asked for one timed run at a time."""
 
     def __init__(self, python: str, export: str, requests_file: str, seats: int, mode: str):
-        env = os.environ | {"OMP_NUM_THREADS": "1", "VLLM_ENABLE_V1_MULTIPROCESSING": "0"}
+        env = os.environ | VLLM_ENV | ONE_PROCESS
         self.process = subprocess.Popen([python, str(DRIVER), export, requests_file, str(seats), mode], text=True,
                                         stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.DEVNULL,
                                         cwd=tempfile.gettempdir(), env=env)  # fmt: skip

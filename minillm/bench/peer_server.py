@@ -15,10 +15,10 @@ import asyncio
 import os
 import statistics
 import subprocess
-import sys
 import tempfile
 
-from minillm.bench.server import answering, free_port
+from minillm.bench.peer_vllm import VLLM_ENV
+from minillm.bench.server import answering, free_port, start_server
 from minillm.model.tokenizer import EOS
 from minillm.serving.loadgen import jobs_from_workload, run_jobs, summarize_load
 
@@ -26,14 +26,6 @@ REQUESTS, SEED = 96, 23
 FIGURES = ("tokens_per_s", "ttft_p50_s", "tpot_p50_s", "itl_p50_s", "itl_p99_s")
 MINILLM = {"minillm": (), "minillm-compiled": ("--compile",)}  # its servers: name -> serve's flags
 IDS = {"return_token_ids": True}  # (minillm's server and vLLM's both send each chunk's token ids when asked)
-VLLM_ENV = {"OMP_NUM_THREADS": "1", "VLLM_CPU_KVCACHE_SPACE": "1", "VLLM_CPU_OMP_THREADS_BIND": "0"}
-
-
-def start_minillm(seats: int, port: int, flags: tuple[str, ...]) -> subprocess.Popen:
-    command = [sys.executable, "-m", "minillm", "serve", "--port", str(port), "--slots", str(seats), *flags]
-    server = subprocess.Popen(command, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True,
-                              env=os.environ | {"PYTHONUNBUFFERED": "1"})  # fmt: skip
-    return answering(server, f"http://127.0.0.1:{port}/health", 120, "minillm serve")
 
 
 def start_vllm(python: str, export: str, seats: int, port: int) -> subprocess.Popen:
@@ -67,7 +59,7 @@ def serve_turns(python: str, export: str, seats: int, repeats: int, requests: in
     servers, urls = [], {}
     try:
         for name, flags in MINILLM.items():
-            servers.append(start_minillm(seats, port := free_port(), flags))
+            servers.append(start_server(port := free_port(), slots=seats, flags=flags))
             urls[name] = (f"http://127.0.0.1:{port}/v1", None)
         servers.append(start_vllm(python, export, seats, port := free_port()))
         urls["vllm"] = (f"http://127.0.0.1:{port}/v1", export)

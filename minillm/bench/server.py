@@ -53,9 +53,12 @@ def answering(server: subprocess.Popen, url: str, within_s: float, what: str) ->
     raise RuntimeError(f"{what} did not answer {url} within {within_s:.0f} s")
 
 
-def start_server(port: int, engine: str = "process") -> subprocess.Popen:
-    """`python -m minillm serve` on the shipped model, once it answers /health."""
-    command = [sys.executable, "-m", "minillm", "serve", "--port", str(port), "--slots", str(SLOTS), "--engine", engine]
+def start_server(
+    port: int, engine: str = "process", slots: int = SLOTS, flags: tuple[str, ...] = ()
+) -> subprocess.Popen:
+    """`python -m minillm serve` on the shipped model (with more of serve's flags), once it answers /health."""
+    command = [sys.executable, "-m", "minillm", "serve", "--port", str(port), "--slots", str(slots), "--engine", engine,
+               *flags]  # fmt: skip
     server = subprocess.Popen(command, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True,
                               env=os.environ | {"PYTHONUNBUFFERED": "1"})  # fmt: skip
     return answering(server, f"http://127.0.0.1:{port}/health", 120, "the server")
