@@ -72,12 +72,10 @@ def server(shipped_model):
     """The shipped model behind HTTP (the engine in its own process, 4 seats), for one test module; its forward is
     `serve`'s on a CPU (linears prepacked: layers/prepack.py), which the engine process builds again from the
     weights."""
-    import copy
-
-    from minillm.layers.compiled import speed_up
+    from minillm.bench.peer import forward_of
     from minillm.serving.server import ServerThread, build_loop
 
-    served = speed_up(copy.deepcopy(shipped_model), "prepacked")
+    served = forward_of(shipped_model, "prepacked")
     with ServerThread(build_loop(served, slots=4, process=True)) as running:
         yield running
 

@@ -11,6 +11,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
+from minillm.bench.peer import forward_of
 from minillm.layers.compiled import CompiledForward, speed_up
 from minillm.layers.prepack import PrepackedLinear, can_prepack
 from minillm.layers.reference import generate
@@ -26,12 +27,6 @@ CROWD = ChatKnobs(requests=24, rate=1000)
 @pytest.fixture(scope="module")
 def plain() -> Transformer:
     return load_model(None, "cpu")
-
-
-def twin(model: Transformer, forward: str) -> Transformer:
-    other = Transformer(model.cfg)
-    other.load_state_dict(model.state_dict())
-    return speed_up(other, forward)
 
 
 def crowd_replies(model: Transformer, seats: int = 8) -> list[list[int]]:
@@ -52,7 +47,7 @@ def test_a_prepacked_linear_computes_what_linear_does():
 @needs_onednn
 def test_a_prepacked_model_keeps_its_names_and_travels(plain):
     """Checkpoints and export read the same state_dict; a copy or a pickle lays its weights out again."""
-    model = twin(plain, "prepacked")
+    model = forward_of(plain, "prepacked")
     assert sum(isinstance(m, PrepackedLinear) for m in model.modules()) == 4 * plain.cfg.n_layers + 1
     assert model.state_dict().keys() == plain.state_dict().keys()
     tokens = torch.tensor([[5, 17, 42, 8]])
@@ -63,7 +58,7 @@ def test_a_prepacked_model_keeps_its_names_and_travels(plain):
 
 @needs_onednn
 def test_prepacked_serves_the_same_tokens(plain):
-    model = twin(plain, "prepacked")
+    model = forward_of(plain, "prepacked")
     assert can_prepack(model) and model.forward_kind == "prepacked"
     replies = crowd_replies(model)
     assert replies == crowd_replies(plain)
@@ -76,7 +71,7 @@ def test_compiled_serves_the_same_tokens_in_one_graph(plain):
     prompt chunks), compiled before the first step; the compiled forward never gave up."""
     from torch._dynamo.utils import counters
 
-    model = twin(plain, "compiled")
+    model = forward_of(plain, "compiled")
     assert isinstance(model.forward, CompiledForward) and model.forward.compile_s is None
     graphs = counters["stats"]["unique_graphs"]
     one = ChatKnobs(requests=1, rate=1000)

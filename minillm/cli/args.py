@@ -58,18 +58,17 @@ def compile_arg(p: argparse.ArgumentParser) -> None:
 def load_model_from(args: argparse.Namespace, default_forward: str = "prepacked"):
     """The model --checkpoint and --device name, with the forward --compile and --plain-matmul ask for (layers/
     compiled.py); `default_forward` without either (a benchmark measures the model as written)."""
+    import sys
+
     from minillm.layers.compiled import speed_up
     from minillm.model.checkpoint import load_model
 
-    model = load_model(args.checkpoint, args.device)
-    if getattr(args, "compile", False):  # compiled here, before any step's clock starts
-        import sys
-
-        speed_up(model, "compiled", compile_now=True)
-        if model.forward.compile_s is not None:
-            print(f"--compile: the forward compiled in {model.forward.compile_s:.0f} s", file=sys.stderr)
-        return model
-    return speed_up(model, "plain" if getattr(args, "plain_matmul", False) else default_forward)
+    forward = "plain" if getattr(args, "plain_matmul", False) else default_forward
+    forward = "compiled" if getattr(args, "compile", False) else forward
+    model = speed_up(load_model(args.checkpoint, args.device), forward, compile_now=True)  # (before any step's clock)
+    if getattr(model.forward, "compile_s", None) is not None:
+        print(f"--compile: the forward compiled in {model.forward.compile_s:.0f} s", file=sys.stderr)
+    return model
 
 
 def sampling_args(p: argparse.ArgumentParser) -> None:
