@@ -21,7 +21,8 @@ from minillm.grammar.regex import MAX_NESTING, RegexError
 from minillm.serving.openai_protocol import ApiError
 from minillm.serving.openai_structured import automaton, pattern_of
 
-SECONDS = 2.0  # (each case takes well under a second alone: generous for a loaded 2-core machine)
+SECONDS = 2.0  # of this process's CPU time (each case takes well under a second alone; CPU time, not the wall clock,
+# so that other processes on a loaded 2-core machine do not count)
 MEGABYTES = 64
 
 
@@ -36,11 +37,12 @@ def nested(kind: str, depth: int) -> dict:
 
 
 def refused_quickly(build) -> str:
-    """The refusal's message, checked to come within SECONDS, and (run again, traced) MEGABYTES of Python memory."""
-    start = time.perf_counter()
+    """The refusal's message, checked to come within SECONDS of CPU time and (run again, traced) MEGABYTES of Python
+    memory."""
+    start = time.process_time()
     with pytest.raises(InputError) as refusal:
         build()
-    took = time.perf_counter() - start
+    took = time.process_time() - start
     assert took < SECONDS, f"refused after {took:.2f} s"
     tracemalloc.start()
     try:

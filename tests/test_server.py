@@ -331,19 +331,24 @@ def test_a_second_request_with_a_live_id_is_refused_and_the_first_is_served(ship
 
 # --- the soak ------------------------------------------------------------------------------------
 SOAK_MAX_TOKENS = 8
+SOAK_HANG_UP_TOKENS = 32  # a hanging-up client's reply, EOS ignored: 27 or more steps left after it hangs up
 SOAK_SYSTEM_PROMPT = "You are a counting robot. Reply with the answer only."  # its blocks are shared (prefix cache)
 
 
 def soak_jobs(n: int, seed: int = 0) -> list[Job]:
-    """n short requests over 30 different prompts, some behind a system prompt, a tenth of them hanging up after
-    0 to 5 chunks."""
+    """n short requests over 30 different prompts, some behind a system prompt, a tenth of them asking for a long reply
+    and hanging up after 0 to 5 chunks."""
     rng = random.Random(seed)
     prompts = [f"count down from {k}" for k in range(3, 18)] + [f"spell {rng.randrange(10**5)}" for _ in range(15)]
     jobs = []
     for _ in range(n):
         preamble = SOAK_SYSTEM_PROMPT if rng.random() < 0.3 else None
         hang = rng.randint(0, 5) if rng.random() < 0.1 else None
-        jobs.append(Job(rng.choice(prompts), rng.randint(2, SOAK_MAX_TOKENS), preamble=preamble, hang_up_after=hang))
+        max_tokens = rng.randint(2, SOAK_MAX_TOKENS)
+        if hang is not None:  # long enough that the hang-up reaches the engine before the reply ends, even when loaded
+            max_tokens = SOAK_HANG_UP_TOKENS
+        job = Job(rng.choice(prompts), max_tokens, preamble=preamble, ignore_eos=hang is not None, hang_up_after=hang)
+        jobs.append(job)
     return jobs
 
 
@@ -380,7 +385,8 @@ def test_soak_500_streams_from_64_clients_with_hang_ups(shipped_model):
             assert o.token_ids == want and o.output_tokens == len(want), o.job
     ends = {r.id: r.finish_reason for r in trace.requests}
     aborted = [ends[o.response_id.removeprefix("chatcmpl-")] for o in hung_up if o.response_id]
-    assert set(aborted) <= {"aborted", "eos", "length"} and aborted.count("aborted") >= len(hung_up) // 2
+    assert set(aborted) <= {"aborted", "length"} and len(aborted) >= len(hung_up) - 5  # (0 chunks: maybe no id yet)
+    assert aborted.count("aborted") >= len(aborted) - 2  # 27+ steps left when each hung up: all but a rare late one
     assert end["minillm_kv_blocks_used"] == 0 and end["minillm_requests_running"] == 0
     assert end["minillm_requests_waiting"] == 0 and health.json()["status"] == "ok"
     print(f"\nsoak: {len(outcomes)} streams, {len(hung_up)} hung up ({aborted.count('aborted')} aborted mid-way), "
