@@ -116,10 +116,10 @@ def decode_first(running: list[Request]) -> list[Request]:
     return [r for r in by_age if r.is_decoding] + [r for r in by_age if not r.is_decoding]
 
 
-def keep_running(running: list[Request], kv: KVSpace, budget: int | None):
-    """Plan this step's tokens for the running requests; preempt the most recently admitted until
-    the KV blocks their new tokens need are free. Returns (victims, tokens, blocks left free)."""
-    keep = sorted(running, key=lambda r: r.admit_order)  # oldest first
+def keep_running(running, kv: KVSpace, budget: int | None, last_kept=lambda r: r.admit_order):
+    """Plan this step's tokens for the running requests; preempt the last in `last_kept` order (the
+    newest) until the KV blocks their new tokens need are free. Returns (victims, tokens, free)."""
+    keep = sorted(running, key=last_kept)  # (the oldest first)
     victims: list[Request] = []
     free = kv.free_blocks
     while True:

@@ -4,6 +4,8 @@
                    (constrain.py), the rejection rule
     lookahead      Speculation (speculate.py, drafters.py), when cfg.speculate asks for it
     each token     HandOver (handover.py): a marked request leaves after its first token
+    policy         each request's Service (service.py): its class, priority and targets, which the
+                   priority and deadline policies (policies.py) read and the trace keeps
     after the step Recorder (trace.py): a StepRecord per step, the run's Trace; the Sampler's
                    clean-up; the KV books checked (books.py) when cfg.debug
 
@@ -19,6 +21,7 @@ from minillm.layers.books import check_books
 from minillm.layers.drafters import drafter_for
 from minillm.layers.handover import HandOver
 from minillm.layers.sampling import Sampler
+from minillm.layers.service import Service
 from minillm.layers.speculate import Speculation
 from minillm.layers.trace import Recorder, StepRecord, Trace, run_trace
 
@@ -28,6 +31,9 @@ class LayeredEngine(Engine):
         """model: a Transformer, or any runner (a simulated card). draft: the draft model speculation guesses with
         (cfg.speculate; default: the shipped one)."""
         super().__init__(model, scheduler, cfg, meta)
+        self.services: dict[str, Service] = {}  # request id -> its class, priority and targets (default: none)
+        if hasattr(scheduler, "attach"):  # a policy that ranks by them (policies.py)
+            scheduler.attach(self)
         self.sampler = self.picker = Sampler()
         self.speculation: Speculation | None = None
         if self.cfg.speculate:
@@ -39,6 +45,14 @@ class LayeredEngine(Engine):
         self.observers.append(self.sampler.after_step)  # (after the Recorder: it reads this step's `allowed`)
         if self.cfg.debug:
             self.observers.append(check_books)
+
+    def submit(self, request, kv=None, service: Service | None = None) -> bool:
+        """The core's submit, with the request's service (class, priority, targets) kept for it."""
+        if service is not None:
+            self.services[request.id] = service
+        else:
+            self.services.pop(request.id, None)
+        return super().submit(request, kv)
 
     @property
     def records(self) -> list[StepRecord]:

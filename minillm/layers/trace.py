@@ -30,6 +30,7 @@ FORMAT, VERSION = "minillm-trace", 3
 # prefill: ran (a chunk of) its prompt; decode: ran its last token; held: finished, keeping its seat (static);
 # stalled: seated, but the step's token budget ran out before its turn
 SLOT_STATES = ("prefill", "decode", "held", "stalled")
+KV_FULL = "the KV cache was full: newest"  # why the core's policies preempt (layers/policies.py: other rules)
 
 
 @dataclass
@@ -52,6 +53,7 @@ class RequestRecord:
     prompt_tokens_from_cache: int = 0  # prompt tokens its first admission took from the prefix cache
     drafts_verified: int = 0  # draft tokens the model checked (speculative decoding)
     drafts_accepted: int = 0  # ... and kept
+    service: dict = field(default_factory=dict)  # its class, priority and targets (layers/service.py), if given
 
 
 @dataclass
@@ -77,6 +79,7 @@ class StepRecord:
     drafts: dict[str, list[int]] = field(default_factory=dict)  # request id -> the draft tokens its row checked
     accepted: dict[str, int] = field(default_factory=dict)  # request id -> how many of them the model kept
     allowed: dict[str, int] = field(default_factory=dict)  # constrained request id -> tokens its mask allowed
+    preempted_why: dict[str, str] = field(default_factory=dict)  # preempted id -> why the policy chose it
     time_s: float = 0.0  # seconds since the run began, at the end of this step
 
     @property
@@ -127,9 +130,12 @@ class Trace:
         return cls(config=data["config"], requests=requests, steps=steps)
 
 
-def request_record(r: Request) -> RequestRecord:
-    """The request's fields of the same names (lists copied: a live request's reply keeps growing)."""
-    return RequestRecord(**{name: copy(getattr(r, name)) for name in SHARED_FIELDS})
+def request_record(r: Request, service=None) -> RequestRecord:
+    """The request's fields of the same names (lists copied: a live request's reply keeps growing), and its
+    service (layers/service.py) if it has one."""
+    record = RequestRecord(**{name: copy(getattr(r, name)) for name in SHARED_FIELDS})
+    record.service = service.to_dict() if service is not None else {}
+    return record
 
 
 SHARED_FIELDS = [name for name in RequestRecord.__dataclass_fields__ if name in Request.__dataclass_fields__]
@@ -202,6 +208,7 @@ def step_record(engine, step: Step) -> StepRecord:
         admitted=[r.id for r in step.plan.admit],
         finished=[r.id for r in step.finished],
         preempted=[r.id for r in step.plan.preempt],
+        preempted_why=getattr(step.plan, "why", None) or {r.id: KV_FULL for r in step.plan.preempt},
         tokens=step.tokens,
         padding_rows=step.batch.padding_rows,
         kv_blocks_used=cache.blocks_in_use(list(live)),
@@ -250,7 +257,8 @@ def run_trace(engine, records: list[StepRecord]) -> Trace:
         "workload": engine.meta.get("workload", "custom"),
         "seed": engine.meta.get("seed"),
     } | {k: v for k, v in engine.meta.items() if k not in ("model", "workload", "seed")}
-    requests = [request_record(r) for r in engine.requests]
+    services = getattr(engine, "services", {})
+    requests = [request_record(r, services.get(r.id)) for r in engine.requests]
     by_id = {r.id: r for r in requests}
     for step in records:  # each request's checked guesses, summed from its steps
         for rid, draft in step.drafts.items():

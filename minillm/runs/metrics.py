@@ -11,6 +11,10 @@
   latency                 arrival -> finish (end to end)
   KV waste                reserved-but-empty token slots / reserved token slots, averaged over steps
   draft acceptance        draft tokens the model kept / draft tokens it checked (speculative decoding)
+  goodput                 finished requests that met all their targets (TTFT, TPOT, deadline: their Service,
+                          layers/service.py) per second, overall and per class (DistServe, OSDI 2024); a
+                          request with no target meets them by finishing
+  longest wait            the longest arrival -> first admission: whether a policy starved anyone
 
 Step-counted figures say what the policy did; second-counted ones include this machine's speed.
 """
@@ -19,6 +23,7 @@ from __future__ import annotations
 
 import numpy as np
 
+from minillm.layers.service import Service, judge
 from minillm.layers.trace import StepRecord, Trace
 
 
@@ -152,6 +157,50 @@ def request_latencies(trace: Trace, upto: int | None = None) -> dict[str, list[f
     return {name: [m[name] for m in rows if name in m] for name in names}
 
 
+def judged(trace: Trace, upto: int | None = None) -> dict[str, dict[str, bool]]:
+    """Request id -> {target: met} for every request that arrived (an empty dict: it has no target)."""
+    figures, last = per_request(trace, upto), len(trace.steps) - 1 if upto is None else upto
+    out = {}
+    for r in trace.requests:
+        if r.id in figures:
+            finished = r.finish_reason in ("eos", "length") and r.finish_step is not None and r.finish_step <= last
+            out[r.id] = judge(Service.from_dict(r.service), figures[r.id], finished)
+    return out
+
+
+def met_all(r, verdicts: dict[str, bool], last: int) -> bool:
+    finished = r.finish_reason in ("eos", "length") and r.finish_step is not None and r.finish_step <= last
+    return finished and all(verdicts.values())
+
+
+def goodput_figures(trace: Trace, upto: int | None = None) -> dict[str, float | int | None]:
+    """The run's goodput and the share that met their targets, overall and per class (keys `{class}_...`), and
+    the longest wait for a seat."""
+    steps = trace.steps[: None if upto is None else upto + 1]
+    last = len(trace.steps) - 1 if upto is None else upto
+    duration = steps[-1].time_s if steps else 0.0
+    verdicts, figures = judged(trace, upto), per_request(trace, upto)
+    by_class: dict[str, list] = {}
+    for r in trace.requests:
+        if r.id in verdicts:
+            by_class.setdefault(r.service.get("cls", "default"), []).append(r)
+    out: dict[str, float | int | None] = {}
+    for name, group in [("", [r for rs in by_class.values() for r in rs])] + sorted(by_class.items()):
+        prefix = f"{name}_" if name else ""
+        met = sum(met_all(r, verdicts[r.id], last) for r in group)
+        out[f"{prefix}requests_judged"] = len(group)
+        out[f"{prefix}targets_met"] = met
+        out[f"{prefix}targets_met_share"] = met / len(group) if group else 0.0
+        out[f"{prefix}goodput_per_s"] = met / duration if duration else 0.0
+        if name:
+            ttfts = [figures[r.id]["ttft_s"] for r in group if "ttft_s" in figures[r.id]]
+            out[f"{prefix}ttft_p99_s"] = percentiles(ttfts, (99,))["p99"]
+    queued = [(m["queue_s"], m["queue_steps"]) for m in figures.values() if "queue_s" in m]
+    out["longest_wait_s"] = max((q[0] for q in queued), default=None)
+    out["longest_wait_steps"] = max((q[1] for q in queued), default=None)
+    return out
+
+
 def summarize(trace: Trace, upto: int | None = None) -> dict:
     """All the headline figures of a run (or of its first `upto` + 1 steps)."""
     steps = trace.steps[: None if upto is None else upto + 1]
@@ -174,7 +223,7 @@ def summarize(trace: Trace, upto: int | None = None) -> dict:
         "queue_length": steps[-1].num_waiting if steps else 0,
         "last_finish_step": max((r.finish_step for r in trace.requests if r.finish_step is not None), default=None),
     }
-    summary |= prefix_cache_figures(trace, upto) | draft_figures(trace, upto)
+    summary |= prefix_cache_figures(trace, upto) | draft_figures(trace, upto) | goodput_figures(trace, upto)
     summary |= {f"itl_{k}_s": v for k, v in percentiles(inter_token_gaps(trace, upto)).items()}
     for name, values in lat.items():  # e.g. ttft_steps -> ttft_p50_steps, ttft_p90_steps, ...
         metric, unit = name.rsplit("_", 1)

@@ -6,10 +6,12 @@ from dataclasses import replace
 
 from minillm.card.simulate import SimulatedRunner, default_slots, default_token_budget
 from minillm.config import EngineConfig, Sampling
-from minillm.engine.scheduler import DEFAULT_TOKEN_BUDGET, SCHEDULERS, Scheduler
+from minillm.engine.scheduler import DEFAULT_TOKEN_BUDGET, Scheduler
 from minillm.layers import LayeredEngine
+from minillm.layers.policies import make_policy
 from minillm.layers.trace import Trace
 from minillm.model.transformer import Transformer
+from minillm.runs.classes import ClassTargets, services
 from minillm.runs.workload import SEED_STORY_SLOTS, ChatKnobs, make_workload
 
 
@@ -42,13 +44,17 @@ def workload_engine(
     drafter: str = "model",
     draft: Transformer | None = None,
     tp: int = 1,
+    victim: str | None = None,
+    targets: ClassTargets | None = None,
 ) -> LayeredEngine:
     """The engine with the workload submitted, ready to run (run_workload runs it; the app's what-if view steps it
     itself, to stop a long simulation early).
 
     `model` is the tiny model, or a SimulatedRunner (a real model on a simulated card).
-    `scheduler` is a name ("static", "continuous") or any object with the Scheduler protocol,
-    such as a student's own (then `token_budget` is its own business). slots defaults to 4 for the
+    `scheduler` is a name ("static", "continuous", "priority", "deadline": layers/policies.py, where `victim`
+    names whom it preempts) or any object with the Scheduler protocol, such as a student's own (then
+    `token_budget` is its own business). The mixed workload's requests carry their class's service (priority,
+    targets: runs/classes.py, `targets` to change them). slots defaults to 4 for the
     seed story, 8 otherwise, and on a simulated card to as many users as its KV memory holds.
     token_budget: tokens per step (0: none, whole prompts in the step they are admitted; None: the default,
     scheduler.DEFAULT_TOKEN_BUDGET for the tiny model, vLLM's server default on a simulated card).
@@ -62,7 +68,7 @@ def workload_engine(
     if token_budget is None:
         simulated = isinstance(model, SimulatedRunner)
         token_budget = default_token_budget(model) if simulated else DEFAULT_TOKEN_BUDGET
-    policy = SCHEDULERS[scheduler](token_budget=token_budget) if isinstance(scheduler, str) else scheduler
+    policy = make_policy(scheduler, token_budget, victim) if isinstance(scheduler, str) else scheduler
     requests = make_workload(workload, knobs, seed)
     for i, request in enumerate(requests if sampling else []):
         request.sampling = replace(sampling, seed=hash((seed, i)) % 2**63)
@@ -81,6 +87,7 @@ def workload_engine(
 
         model, meta = ShardedRunner(model, tp), meta | {"tp": tp}
     engine = LayeredEngine(model, policy, cfg, meta=meta, draft=draft)
+    promised = services(requests, targets) if workload == "mixed" else {}
     for request in requests:
-        engine.submit(request)
+        engine.submit(request, service=promised.get(request.id))
     return engine

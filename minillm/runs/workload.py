@@ -5,6 +5,7 @@
   bursty         users arriving in bursts, with quiet gaps between
   system-prompt  a chat crowd whose users share one of a few long system prompts (prefix caching's case)
   long-prompts   a chat crowd in which some users send long prompts (chunked prefill's case)
+  mixed          chat users with a TTFT target and batch jobs with a deadline (runs/classes.py: who goes first)
   azure-conv     prompt and reply lengths of Azure's 2023 LLM inference trace, conversation service
   azure-code     the same trace's coding service (long prompts, very short replies)
 
@@ -69,7 +70,7 @@ AZURE = {
     },
 }  # fmt: skip
 
-WORKLOADS = ("seed-story", "chat", "bursty", "system-prompt", "long-prompts")  # for the tiny model
+WORKLOADS = ("seed-story", "chat", "bursty", "system-prompt", "long-prompts", "mixed")  # for the tiny model
 SIMULATED_WORKLOADS = tuple(AZURE)  # lengths only: for a simulated card
 ALL_WORKLOADS = WORKLOADS + SIMULATED_WORKLOADS
 
@@ -150,7 +151,7 @@ def poisson_arrivals(n: int, rate: float, rng: random.Random) -> list[float]:
     return times
 
 
-def _chat_request(rid: str, rng: random.Random, knobs: ChatKnobs, preamble: str | None = None) -> Request:
+def chat_request(rid: str, rng: random.Random, knobs: ChatKnobs, preamble: str | None = None) -> Request:
     length = draw_reply_length(rng, knobs.mean_reply, knobs.spread)
     prompt = prompt_with_reply_length(length, rng, longest_countdown_after(preamble) if preamble else tasks.MAX_COUNT)
     budget = length if knobs.force_lengths else MAX_REPLY + 100  # real EOS: a generous safety cap
@@ -161,7 +162,7 @@ def _chat_request(rid: str, rng: random.Random, knobs: ChatKnobs, preamble: str 
     return Request(rid, ids, budget, ignore_eos=knobs.force_lengths, prompt=text, planned_reply=length)
 
 
-def _arrive(requests: list[Request], knobs: ChatKnobs, rng: random.Random) -> list[Request]:
+def spread_arrivals(requests: list[Request], knobs: ChatKnobs, rng: random.Random) -> list[Request]:
     """Give each request its arrival: Poisson per step (exponential gaps of mean 1 / rate steps) or per second."""
     if knobs.rate_per_s is not None:
         at_once = knobs.rate_per_s >= len(requests)  # (as `rate` per step: as many a second as there are: all at 0 s)
@@ -180,11 +181,11 @@ def chat(knobs: ChatKnobs | None = None, seed: int = 0) -> list[Request]:
     """Poisson arrivals: exponential gaps with mean 1 / rate steps (or seconds, with rate_per_s)."""
     knobs, rng = knobs or ChatKnobs(), random.Random(seed)
     if knobs.rate_per_s is not None:
-        requests = [_chat_request(f"r{i}", rng, knobs) for i in range(knobs.requests)]
-        return _arrive(requests, knobs, random.Random(seed + 1))
+        requests = [chat_request(f"r{i}", rng, knobs) for i in range(knobs.requests)]
+        return spread_arrivals(requests, knobs, random.Random(seed + 1))
     out, clock = [], 0.0
     for i in range(knobs.requests):  # (draws interleaved as they always were: the same seed gives the same crowd)
-        request = _chat_request(f"r{i}", rng, knobs)
+        request = chat_request(f"r{i}", rng, knobs)
         request.arrival_step = int(clock)
         out.append(request)
         if knobs.rate < knobs.requests:
@@ -195,7 +196,7 @@ def chat(knobs: ChatKnobs | None = None, seed: int = 0) -> list[Request]:
 def bursty(knobs: ChatKnobs | None = None, seed: int = 0, burst: int = 8, gap: int = 60) -> list[Request]:
     """Bursts of `burst` requests at once, every `gap` steps."""
     knobs, rng = knobs or ChatKnobs(), random.Random(seed)
-    requests = [_chat_request(f"r{i}", rng, knobs) for i in range(knobs.requests)]
+    requests = [chat_request(f"r{i}", rng, knobs) for i in range(knobs.requests)]
     for i, r in enumerate(requests):
         r.arrival_step = (i // burst) * gap
     return requests
@@ -208,10 +209,10 @@ def system_prompt(knobs: ChatKnobs | None = None, seed: int = 0) -> list[Request
     names = list(tasks.PREAMBLES)
     weights = [1 if name != "workshop" else 3 for name in names]  # the workshop's own prompt is the common one
     requests = [
-        _chat_request(f"r{i}", rng, knobs, tasks.PREAMBLES[rng.choices(names, weights)[0]])
+        chat_request(f"r{i}", rng, knobs, tasks.PREAMBLES[rng.choices(names, weights)[0]])
         for i in range(knobs.requests)
     ]
-    return _arrive(requests, knobs, rng)
+    return spread_arrivals(requests, knobs, rng)
 
 
 LONG_PROMPT_SHARE = 0.25  # of the long-prompts crowd
@@ -227,8 +228,29 @@ def long_prompts(knobs: ChatKnobs | None = None, seed: int = 0) -> list[Request]
         preamble = None
         if rng.random() < LONG_PROMPT_SHARE:
             preamble = tasks.random_preamble(rng, rng.randint(*LONG_PROMPT_BYTES))
-        requests.append(_chat_request(f"r{i}", rng, knobs, preamble))
-    return _arrive(requests, knobs, rng)
+        requests.append(chat_request(f"r{i}", rng, knobs, preamble))
+    return spread_arrivals(requests, knobs, rng)
+
+
+BATCH_SHARE, BATCH_REPLY = 0.25, 400  # the mixed crowd: one user in four a batch job, replies of 400 tokens on average
+
+
+def mixed(knobs: ChatKnobs | None = None, seed: int = 0) -> list[Request]:
+    """`knobs.requests` users in a random order, a quarter of them batch jobs (a long document pasted before the
+    request, a long reply), the rest chat users (runs/classes.py gives each its class's service); arrivals by
+    `knobs.rate` (per step) or `knobs.rate_per_s`, as the chat crowd's."""
+    knobs, rng = knobs or ChatKnobs(), random.Random(seed)
+    requests, counts = [], {"chat": 0, "batch": 0}
+    for _ in range(knobs.requests):
+        cls = "batch" if rng.random() < BATCH_SHARE else "chat"
+        rid, counts[cls] = f"{cls}{counts[cls]}", counts[cls] + 1
+        if cls == "chat":
+            requests.append(chat_request(rid, rng, knobs))
+        else:
+            document = tasks.random_preamble(rng, rng.randint(*LONG_PROMPT_BYTES))
+            long_knobs = ChatKnobs(knobs.requests, knobs.rate, BATCH_REPLY, 0.3, knobs.force_lengths)
+            requests.append(chat_request(rid, rng, long_knobs, document))
+    return spread_arrivals(requests, knobs, rng)
 
 
 def draw_quantile(rng: random.Random, values: list[int]) -> int:
@@ -256,13 +278,15 @@ def azure(name: str, knobs: ChatKnobs | None = None, seed: int = 0) -> list[Requ
         requests.append(Request(f"r{i}", ids[:prompt_len] if prompt_len < 2 else ids, reply + 1,
                                 prompt=f"[{name}: {prompt_len} prompt tokens, {reply} reply tokens]",
                                 planned_reply=reply))  # fmt: skip
-    return _arrive(requests, knobs, rng)
+    return spread_arrivals(requests, knobs, rng)
 
 
 def make_workload(name: str, knobs: ChatKnobs | None = None, seed: int = 0) -> list[Request]:
     builders = {"chat": chat, "bursty": bursty, "system-prompt": system_prompt, "long-prompts": long_prompts}
     if name == "seed-story":
         return seed_story()
+    if name == "mixed":
+        return mixed(knobs, seed)
     if name in builders:
         return builders[name](knobs, seed)
     if name in AZURE:
