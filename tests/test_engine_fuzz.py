@@ -1,6 +1,7 @@
 """The engine's books under stress: seeded random workloads, every step checked, every reply exact.
 
-Each workload draws a policy (static or continuous), a KV layout, a block size (1-16), a token budget (none, 1,
+Each workload draws a policy (static, continuous, or continuous by priority or deadline with a victim rule and a
+random promise for each request), a KV layout, a block size (1-16), a token budget (none, 1,
 a few tokens, a few dozen), prefix caching over shared and nested prompts, a pool from tight (preemption,
 eviction) to roomy, aborts at random steps (queued, mid-prompt, mid-reply, preempted) and now and then a second
 submit of a live request's id, and half the time speculative decoding (k from 1 to 8) with a drafter that is always
@@ -32,6 +33,8 @@ from minillm.engine.request import Request
 from minillm.engine.scheduler import SCHEDULERS
 from minillm.errors import InputError
 from minillm.layers import LayeredEngine
+from minillm.layers.policies import VICTIMS, make_policy
+from minillm.layers.service import Service
 from minillm.model.tokenizer import EOS
 from minillm.runs.metrics import summarize
 from tests.conftest import random_model
@@ -73,7 +76,8 @@ def tie_at(prompt: list[int], reply: list[int], ignore_eos: bool, tie: float = T
 
 
 def draw_workload(rng: random.Random, runner=None):
-    """An engine and its requests, with the steps at which to abort some of them and to resubmit a live id.
+    """An engine and its requests, with the steps at which to abort some of them and to resubmit a live id, and
+    each request's promised service (ranked policies only).
     runner: what the engine runs the model on (default: the model on this process; a tensor-parallel runner's
     tests pass theirs)."""
     kv = rng.choice(["paged", "paged", "contiguous"])
@@ -95,10 +99,16 @@ def draw_workload(rng: random.Random, runner=None):
                        record_blocks=rng.random() < 0.3, speculate=speculate,
                        drafter="ngram" if drafter == "ngram" else "model")  # fmt: skip
     policy = SCHEDULERS[rng.choice(["static", "continuous"])](token_budget=budget)
-    engine = LayeredEngine(runner or model(), policy, cfg, draft=drafts().get(drafter))
     aborts = sorted(rng.randint(0, 30) for _ in range(rng.choice([0, 0, 1, 2, 3])))  # steps to abort someone at
     resubmit = rng.randint(0, 20) if rng.random() < 0.2 else None
-    return engine, requests, aborts, resubmit
+    promised = {}
+    if policy.name == "continuous" and rng.random() < 0.5:  # who goes first: ranked, each request promised something
+        policy = make_policy(rng.choice(["priority", "deadline"]), budget, rng.choice(VICTIMS))
+        for r in requests:
+            targets = {"ttft_s": rng.choice([None, 1e-4, 0.05]), "deadline_s": rng.choice([None, 1e-3, 5.0])}
+            promised[r.id] = Service(rng.choice("ab"), rng.randint(0, 3), **targets)
+    engine = LayeredEngine(runner or model(), policy, cfg, draft=drafts().get(drafter))
+    return engine, requests, aborts, resubmit, promised
 
 
 def where(engine: LayeredEngine, r: Request) -> str:
@@ -130,6 +140,11 @@ def check_the_end(engine: LayeredEngine, requests: list[Request], counts: Counte
     assert engine.cache.stored_tokens == 0
     trace = engine.trace()
     assert summarize(trace)["prefix_hit_rate"] <= 1
+    whys = [why for s in trace.steps for why in s.preempted_why.values()]
+    assert len(whys) == sum(r.preemptions for r in requests), "a preemption without its reason"
+    if engine.scheduler.name in ("priority", "deadline"):
+        counts["ranked by " + engine.scheduler.name] += 1
+    counts["displaced by a higher rank"] += sum("outranks" in why for why in whys)
     for r in requests:
         counts["requests"] += 1
         counts["preemptions"] += r.preemptions
@@ -153,9 +168,9 @@ def check_the_end(engine: LayeredEngine, requests: list[Request], counts: Counte
 
 def run_workload(seed: int, counts: Counter, runner=None, tie: float = TIE) -> None:
     rng = random.Random(seed)
-    engine, requests, aborts, resubmit = draw_workload(rng, runner)
+    engine, requests, aborts, resubmit, promised = draw_workload(rng, runner)
     for r in requests:
-        engine.submit(r)
+        engine.submit(r, service=promised.get(r.id))
     while engine.has_work():
         live = [r for r in requests if not r.is_finished]
         for _ in range(aborts.count(engine.step_no) if live else 0):  # someone live; a preempted one, half the time

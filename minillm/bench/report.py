@@ -218,4 +218,8 @@ def markdown(results: dict, command: str, plot_dir: str | None = None) -> str:
         from minillm.bench.peer import markdown as peer_markdown
 
         lines += peer_markdown(results["peer"])
+    if "who_goes_first" in results:
+        from minillm.bench.who_goes_first import markdown as who_markdown
+
+        lines += who_markdown(results["who_goes_first"], img)
     return "\n".join(lines)

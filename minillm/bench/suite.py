@@ -21,6 +21,7 @@ from minillm.bench.speculation import bench_speculation
 from minillm.bench.structured import bench_structured
 from minillm.bench.tensor_parallel import bench_tensor_parallel
 from minillm.bench.versus import bench_vs_transformers
+from minillm.bench.who_goes_first import bench_who_goes_first
 from minillm.model.transformer import Transformer
 
 BENCHES = (
@@ -44,6 +45,7 @@ BENCHES = (
         "tp": bench_tensor_parallel,
         "fleet": bench_fleet,
         "peer": bench_peer,
+        "who_goes_first": bench_who_goes_first,
     }
 )
 

@@ -31,6 +31,7 @@ def cmd_run(args: argparse.Namespace) -> None:
     import json
 
     from minillm.config import Sampling
+    from minillm.runs.classes import ClassTargets
     from minillm.runs.metrics import summarize
     from minillm.runs.run import run_workload
     from minillm.runs.workload import SIMULATED_WORKLOADS, ChatKnobs
@@ -57,7 +58,8 @@ def cmd_run(args: argparse.Namespace) -> None:
         model, args.workload, args.scheduler, args.kv, args.slots, args.num_blocks, args.block_size, knobs,
         args.seed, progress=not args.json, token_budget=args.token_budget, prefix_caching=args.prefix_caching,
         sampling=Sampling(args.temperature, args.top_p, args.top_k) if args.temperature > 0 else None,
-        speculate=args.speculate, drafter=args.drafter, tp=args.tp,
+        speculate=args.speculate, drafter=args.drafter, tp=args.tp, victim=args.victim,
+        targets=ClassTargets(args.chat_ttft_s, args.chat_tpot_s, args.batch_deadline_s),
     )  # fmt: skip
     if args.trace:
         trace.save(args.trace)
@@ -78,13 +80,17 @@ def simulated_runner(args: argparse.Namespace):
     return SimulatedRunner(load_spec(args.simulate), get_device(args.gpu), args.dtype, args.kv_dtype)
 
 
+def policy_words(name: str) -> str:
+    return f"{name} batching" if name in ("static", "continuous") else f"continuous batching, {name} first"
+
+
 def run_summary_text(args: argparse.Namespace, cfg: dict, summary: dict) -> str:
     where = f"{cfg['model']} on a simulated {cfg['gpu']}" if args.simulate else "the tiny model"
     where += f" split across {cfg['tp']} processes: tensor parallel" if cfg.get("tp", 1) > 1 else ""
     budget = cfg["token_budget"] or "no"
     ms = lambda key: "–" if summary[key] is None else f"{1000 * summary[key]:.0f} ms"
     lines = [
-        f"{args.workload}: {args.scheduler} batching, {args.kv} KV, {cfg['slots']} seats, {cfg['num_blocks']} "
+        f"{args.workload}: {policy_words(args.scheduler)}, {args.kv} KV, {cfg['slots']} seats, {cfg['num_blocks']} "
         f"blocks, {budget} token budget, prefix caching {'on' if cfg['prefix_caching'] else 'off'} ({where})",
         f"  requests     {summary['finished']} finished, {summary['rejected']} rejected of {summary['requests']}",
         f"  steps        {summary['steps']}  ({summary['output_tokens']} tokens, "
@@ -98,6 +104,11 @@ def run_summary_text(args: argparse.Namespace, cfg: dict, summary: dict) -> str:
         f"{summary['prompt_tokens']} prompt tokens from the prefix cache (hit rate {summary['prefix_hit_rate']:.0%})",
         f"  KV waste     {summary['kv_waste']:.1%}   preemptions {summary['preemptions']}",
     ]
+    classes = sorted(key.removesuffix("_requests_judged") for key in summary if key.endswith("_requests_judged"))
+    if classes != ["default"] and classes:  # (targets given: who got the service they were promised)
+        each = ", ".join(f"{c} {summary[f'{c}_targets_met']}/{summary[f'{c}_requests_judged']}" for c in classes)
+        lines.append(f"  goodput      {summary['goodput_per_s']:.2f} requests/s met all their targets ({each}); "
+                     f"longest wait {summary['longest_wait_s']:.2f} s")  # fmt: skip
     if cfg.get("speculate"):
         kept = f"{summary['draft_acceptance']:.0%} of {summary['drafts_verified']} checked were kept"
         lines.append(f"  speculation  {cfg['speculate']} draft tokens a step ({cfg['drafter']}): {kept}")
@@ -144,12 +155,24 @@ def cmd_bench(args: argparse.Namespace) -> None:
 
 def add_commands(sub) -> None:
     from minillm.engine.scheduler import DEFAULT_TOKEN_BUDGET
+    from minillm.layers.policies import POLICIES, VICTIMS
+    from minillm.runs.classes import ClassTargets
     from minillm.runs.workload import ALL_WORKLOADS
 
     p = sub.add_parser("run", help="serve a workload through the engine and summarize it")
     p.add_argument("--workload", default="seed-story", choices=ALL_WORKLOADS,
                    help="azure-conv and azure-code need --simulate")  # fmt: skip
-    p.add_argument("--scheduler", default="continuous", choices=["static", "continuous"])
+    p.add_argument("--scheduler", default="continuous", choices=POLICIES,
+                   help="who is seated: static or continuous batching (first come, first served), or by priority "
+                   "or deadline (earliest first): the mixed workload's classes say theirs")  # fmt: skip
+    p.add_argument("--victim", default=None, choices=VICTIMS,
+                   help="whom priority or deadline preempts (default: lowest-priority, latest-due)")  # fmt: skip
+    p.add_argument("--chat-ttft-s", type=positive_float, default=ClassTargets.chat_ttft_s,
+                   help="mixed workload: a chat user's time-to-first-token target, seconds")  # fmt: skip
+    p.add_argument("--chat-tpot-s", type=positive_float, default=ClassTargets.chat_tpot_s,
+                   help="mixed workload: a chat user's time-per-output-token target, seconds")  # fmt: skip
+    p.add_argument("--batch-deadline-s", type=positive_float, default=ClassTargets.batch_deadline_s,
+                   help="mixed workload: a batch job's whole reply within this many seconds")  # fmt: skip
     p.add_argument("--kv", default="paged", choices=["paged", "contiguous"])
     p.add_argument(
         "--slots",

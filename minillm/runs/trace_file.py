@@ -13,7 +13,8 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
-from minillm.errors import MinillmError
+from minillm.errors import InputError, MinillmError
+from minillm.layers.service import Service
 from minillm.layers.trace import FORMAT, SLOT_STATES, Trace
 
 READABLE_VERSIONS = (1, 2, 3)
@@ -106,6 +107,8 @@ def validate(data: object) -> None:
             if not isinstance(r, dict) or not isinstance(r.get(name), kind):
                 fail(f'request {i}: "{name}" is missing or not a {kind.__name__}')
         ids.add(r["id"])
+        if (problem := service_problem(r.get("service", {}))) is not None:
+            fail(f'request {i}: "service" must be an object of its class, priority and targets: {problem}')
     slots = data["config"]["slots"]
     if not isinstance(slots, int) or slots < 1:
         fail('config "slots" must be a positive integer')
@@ -116,6 +119,9 @@ def validate(data: object) -> None:
         for name in STEP_LISTS:
             if not isinstance(s.get(name, []), list):
                 fail(f'step {i}: "{name}" must be a list')
+        why = s.get("preempted_why", {})
+        if not isinstance(why, dict) or not all(isinstance(v, str) for v in why.values()):
+            fail(f'step {i}: "preempted_why" must be an object: preempted request id -> why (text)')
         if not isinstance(s.get("kv_blocks_total", 0), int):
             fail(f'step {i}: "kv_blocks_total" must be an integer')
         drafts, accepted = s.get("drafts", {}), s.get("accepted", {})
@@ -127,6 +133,17 @@ def validate(data: object) -> None:
             _validate_v1_slots(s, i, slots, ids, fail)
         else:
             _validate_seats(s, i, slots, ids, fail)
+
+
+def service_problem(service: object) -> str | None:
+    """What is wrong with a request's promised service (layers/service.py), or None."""
+    if not isinstance(service, dict):
+        return f"got {type(service).__name__}"
+    try:
+        Service.from_dict(service)
+    except (InputError, TypeError) as e:
+        return str(e)
+    return None
 
 
 def _validate_v1_slots(s: dict, i: int, slots: int, ids: set, fail) -> None:
