@@ -66,12 +66,14 @@ def plot_all(results: dict, out: Path) -> list[Path]:
         ax.set(ylabel="tokens/s", title="{static, continuous} x {contiguous, paged}, same KV memory")
         paths.append(_save(fig, out / "two_by_two.png"))
     from minillm.bench.report_speculation import plot as speculation_plot
+    from minillm.bench.who_goes_first import plot as who_goes_first_plot
 
     return (
         paths
         + scheduling.plots(results, out, _save)
         + roofline.plots(results, out, _save)
         + speculation_plot(results, out, _save)
+        + who_goes_first_plot(results, out, _save)
     )
 
 

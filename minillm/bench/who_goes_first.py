@@ -105,6 +105,7 @@ def markdown(r: dict, img) -> list[str]:
     lines += ["", "The gain is largest where the crowd is past the seats but the chat users alone are not: with few "
               "seats the chat users queue behind each other whatever the policy, with many the batch jobs no longer "
               "stand in their way.", ""]  # fmt: skip
+    lines += img("who_goes_first")
     lines += [
         "**Whom to preempt** (the priority policy, 8 seats, a pool of 96 blocks of 16 tokens):",
         "",
@@ -118,3 +119,29 @@ def markdown(r: dict, img) -> list[str]:
               "job's deadline in a minute) and the batch jobs still finish within theirs; a batch job is never "
               "starved, since as the clock passes its due time every newcomer is due later.", ""]  # fmt: skip
     return lines
+
+
+def plot(results: dict, out, save) -> list:
+    """Goodput and the chat users' TTFT p99 under each policy: the tiny model, and the simulated card's seats."""
+    import matplotlib.pyplot as plt
+
+    if "who_goes_first" not in results:
+        return []
+    r = results["who_goes_first"]
+    crowds = [("tiny model", r["tiny"])] + [(f"H100, {x['slots']} seats", x) for x in r["cards"]]
+    fig, axes = plt.subplots(1, 2, figsize=(11, 3.8))
+    width, colors = 0.27, dict(zip(POLICIES, ("tab:grey", "tab:blue", "tab:green")))
+    for i, policy in enumerate(POLICIES):
+        xs = [j + (i - 1) * width for j in range(len(crowds))]
+        label = "first come, first served" if policy == "continuous" else policy
+        axes[0].bar(xs, [x["rows"][i]["goodput_per_s"] for _, x in crowds], width, color=colors[policy], label=label)
+        axes[1].bar(xs, [x["rows"][i]["chat_ttft_p99_s"] for _, x in crowds], width, color=colors[policy])
+    from minillm.runs.classes import ClassTargets
+
+    axes[1].axhline(ClassTargets().chat_ttft_s, color="tab:red", ls="--", label="a chat user's TTFT target")
+    for ax, title in zip(axes, ("goodput: requests/s that met all their targets", "chat users' TTFT p99 (s)")):
+        ax.set_xticks(range(len(crowds)), [name for name, _ in crowds])
+        ax.set_title(title)
+        ax.legend(fontsize=8)
+    fig.suptitle("Who goes first: the mixed crowd (chat users and batch jobs, all at once)")
+    return [save(fig, out / "who_goes_first.png")]

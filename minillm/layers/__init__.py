@@ -8,6 +8,8 @@ sampling.py    pick: temperature, top-k, top-p, each request's own seeded stream
 handover.py    each token + admit with KV: prefill on one engine, decode on another (lesson 13)
 constrain.py   pick, through the sampler: a pattern's mask on each row's logits (lesson 14)
 books.py       after the step: the KV books checked every step (debug)
+service.py     policy: what each request was promised (class, priority, TTFT/TPOT/deadline), judged
+policies.py    policy: who goes first (priority, earliest deadline) and whom to preempt (lesson 15)
 reference.py   the one-user loop with every pick rule: what a layered engine must match
 prepack.py     the runner's model: each linear's weight laid out once for oneDNN (lesson 07b)
 compiled.py    ... or its forward through torch.compile, attention one opaque op (lesson 07b)
