@@ -38,9 +38,9 @@ class Counted:
         self.submitted, self.submit_to = 0, loop.submit
         loop.submit = self.submit
 
-    def submit(self, request, stream) -> None:
+    def submit(self, request, stream, service=None) -> None:
         self.submitted += 1
-        self.submit_to(request, stream)
+        self.submit_to(request, stream, service)
 
 
 @pytest.fixture(scope="module")

@@ -17,12 +17,14 @@ from minillm.errors import ConfigError
 
 
 def cmd_serve(args: argparse.Namespace) -> None:
+    from minillm.layers.policies import make_policy
     from minillm.serving.api_key import ENV, api_key_from
     from minillm.serving.server import LOOPBACK, bind, build_fleet, build_loop, serve
 
     fleet_error = replicas_error(args)
     if fleet_error:
         raise ConfigError(fleet_error)
+    make_policy(args.scheduler, args.token_budget, args.victim)  # a policy and victim that do not go together: now
     sock = bind(args.host, args.port)  # first: a port that is taken fails in one line, before the model loads
     model = load_model_from(args)  # (on one torch thread unless --threads says otherwise: see main())
     if args.replicas > 1:  # each replica is the engine process `serve` runs alone, behind a router
@@ -30,16 +32,17 @@ def cmd_serve(args: argparse.Namespace) -> None:
                            slots=args.slots, num_blocks=args.num_blocks, block_size=args.block_size,
                            token_budget=args.token_budget, prefix_caching=args.prefix_caching,
                            max_waiting=args.max_waiting, keep_steps=args.keep_steps,
-                           stream_interval=args.stream_interval, tp=args.tp)  # fmt: skip
+                           stream_interval=args.stream_interval, tp=args.tp, victim=args.victim)  # fmt: skip
     else:
         loop = build_loop(model, args.scheduler, args.kv, args.slots, args.num_blocks, args.block_size,
                           args.token_budget, args.prefix_caching, args.max_waiting, args.keep_steps,
                           stream_interval=args.stream_interval, process=args.engine == "process", tp=args.tp,
-                          disaggregate=args.disaggregate)  # fmt: skip
+                          disaggregate=args.disaggregate, victim=args.victim)  # fmt: skip
     where = f"http://{args.host}:{args.port}/v1"
     split = f", the model split across {args.tp} processes" if args.tp > 1 else ""
     fleet = f"{args.replicas} replicas, {args.route or 'cache-aware'} routing; each: " if args.replicas > 1 else ""
-    print(f"minillm serving on {where} ({fleet}{args.scheduler} batching, {args.slots} seats, {args.kv} KV, the engine "
+    policy = args.scheduler + (f" batching, preempting {args.victim}" if args.victim else " batching")
+    print(f"minillm serving on {where} ({fleet}{policy}, {args.slots} seats, {args.kv} KV, the engine "
           f"in a {args.engine} of its own{split}); Ctrl-C stops", flush=True)  # fmt: skip
     api_key = api_key_from(args.api_key)  # (never printed: the banner says that one is needed, not what it is)
     bearer = f'-H "Authorization: Bearer ${ENV}" ' if api_key else ""
@@ -93,8 +96,10 @@ def cmd_load(args: argparse.Namespace) -> None:
 
 
 def load_summary_text(s: dict) -> str:
-    ms = lambda key: "–" if s[key] is None else f"{1000 * s[key]:.0f} ms"
-    trio = lambda name: f"p50 {ms(name + '_p50_s')}, p90 {ms(name + '_p90_s')}, p99 {ms(name + '_p99_s')}"
+    ms = lambda key, d=s: "–" if d[key] is None else f"{1000 * d[key]:.0f} ms"
+    trio = lambda name, d=s: f"p50 {ms(name + '_p50_s', d)}, p90 {ms(name + '_p90_s', d)}, p99 {ms(name + '_p99_s', d)}"
+    classes = [f"    {cls:<10} {trio('ttft', c)} ({c['finished']} of {c['requests']} finished)"
+               for cls, c in s.get("by_class", {}).items()]  # fmt: skip
     rate = "all at once" if s["rate_per_s"] is None else f"{s['rate_per_s']:g}/s (Poisson)"
     return "\n".join([
         f"{s['workload']} against {s['url']}: {s['requests']} requests, arriving {rate}",
@@ -102,6 +107,7 @@ def load_summary_text(s: dict) -> str:
         f"  throughput   {s['tokens_per_s']:.0f} output tokens/s, {s['requests_per_s']:.2f} requests/s "
         f"over {s['wall_s']:.2f} s (client's clock)",
         f"  TTFT         {trio('ttft')}",
+        *classes,  # (the mixed crowd: each class's own)
         f"  TPOT         {trio('tpot')}",
         f"  ITL          {trio('itl')}",
         f"  latency      {trio('latency')}",
@@ -112,12 +118,19 @@ def load_summary_text(s: dict) -> str:
 
 def add_commands(sub) -> None:
     from minillm.engine.scheduler import DEFAULT_TOKEN_BUDGET
+    from minillm.layers.policies import POLICIES, VICTIMS
+    from minillm.serving.loadgen import LOAD_WORKLOADS
 
     p = sub.add_parser("serve", help="an OpenAI-compatible HTTP server over the engine (streaming)")
     p.add_argument("--host", default="127.0.0.1",
                    help="127.0.0.1: this machine only; 0.0.0.0: every network it is on (a workshop room)")  # fmt: skip
     p.add_argument("--port", type=int, default=8000)
-    p.add_argument("--scheduler", default="continuous", choices=["static", "continuous"])
+    p.add_argument("--scheduler", default="continuous", choices=list(POLICIES),
+                   help="who is seated: first come first served (static, continuous), by the request body's "
+                   "priority (lower first, as vLLM's), or by deadline (layers/policies.py)")  # fmt: skip
+    p.add_argument("--victim", default=None, choices=VICTIMS,
+                   help="whom priority or deadline preempts (default: the policy's own: lowest-priority, "
+                   "latest-due); static and continuous preempt the newest")  # fmt: skip
     p.add_argument("--kv", default="paged", choices=["paged", "contiguous"])
     p.add_argument("--slots", type=positive_int, default=8, help="seats")
     p.add_argument("--num-blocks", type=positive_int, default=None, help="paged pool size (default: same memory)")
@@ -162,7 +175,8 @@ def add_commands(sub) -> None:
 
     p = sub.add_parser("load", help="send a workload to any OpenAI-compatible server and time it from the client")
     p.add_argument("--url", default="http://127.0.0.1:8000/v1", help="the server's API root (ends in /v1)")
-    p.add_argument("--workload", default="chat", choices=["chat", "system-prompt", "long-prompts"])
+    p.add_argument("--workload", default="chat", choices=LOAD_WORKLOADS,
+                   help="mixed: chat users and batch jobs, each sending its class's priority")  # fmt: skip
     p.add_argument("--requests", type=positive_int, default=200)
     p.add_argument("--rate-per-s", type=positive_float, default=None,
                    help="mean arrivals per second (Poisson); default: everyone at once")  # fmt: skip

@@ -47,12 +47,14 @@ class LayeredEngine(Engine):
             self.observers.append(check_books)
 
     def submit(self, request, kv=None, service: Service | None = None) -> bool:
-        """The core's submit, with the request's service (class, priority, targets) kept for it."""
+        """The core's submit, with the request's service (class, priority, targets) kept for it (after the core
+        has refused a second live request of the same id, which must not overwrite the first one's)."""
+        queued = super().submit(request, kv)
         if service is not None:
             self.services[request.id] = service
         else:
             self.services.pop(request.id, None)
-        return super().submit(request, kv)
+        return queued
 
     @property
     def records(self) -> list[StepRecord]:

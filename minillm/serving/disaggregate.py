@@ -67,7 +67,7 @@ class PrefillDecode(LoopHandle):
     def _from_prefill(self, message: tuple) -> None:
         """The prefill engine's out-of-band messages: a request handed over, or a hand-over that failed."""
         if message[0] == "handed":
-            _, copy, logprobs = message  # (logprobs: its first token's, when asked; the decode side goes on)
+            _, copy, logprobs, service = message  # (logprobs: its first token's, when asked; the decode side goes on)
             if isinstance(copy.sampling.constraint, str):
                 from minillm.grammar import compile_regex
 
@@ -76,7 +76,7 @@ class PrefillDecode(LoopHandle):
             stream = self.prefill.streams.pop(copy.id, None)
             if stream is not None:
                 self.decode.streams[copy.id] = stream  # its next tokens come from the decode engine
-            self.decode._send(("receive", copy, logprobs))
+            self.decode._send(("receive", copy, logprobs, service))  # (its priority holds on the decode side too)
             if copy.id in self.aborted:
                 self.decode._send(("abort", copy.id, "aborted"))
         else:

@@ -4,7 +4,8 @@ Python runs one thread at a time per process (the GIL). With the engine on a thr
 every token's JSON and socket work is taken from the engine's steps, and a step holds up the HTTP side. Here
 the serve loop (serve_loop.py, unchanged) runs in a child process, and the two talk through one pipe:
 
-    HTTP process -> engine      ("submit", request)  ("abort", id, reason)  ("ask" | "snapshot" | "metrics", ..., n)
+    HTTP process -> engine      ("submit", request, service)  ("abort", id, reason)
+                                ("ask" | "snapshot" | "metrics", ..., n)
     engine -> HTTP process      ("events", step, [(id, kind, tokens, detail, status, logprobs), ...])  once a step
                                 ("answer", n, ok, value)   ("died", why)
 
@@ -47,15 +48,15 @@ class EngineProcess(LoopHandle):
     """A serve loop in a child process; the same methods as ServeLoop (LoopHandle), callable from any thread."""
 
     def __init__(self, model: torch.nn.Module, scheduler: str, token_budget: int, cfg: EngineConfig, tp: int = 1,
-                 role: str = "both", link: str | None = None, **loop_args):  # fmt: skip
+                 role: str = "both", link: str | None = None, victim: str | None = None, **loop_args):  # fmt: skip
         """model: the Transformer to serve (its weights travel to the child once, as safetensors bytes);
         tp: split it across that many processes (the engine's own and tp - 1 workers it starts: parallel/);
         role, link: "prefill" or "decode" with the address of the pair's process group (disaggregate.py);
         loop_args: ServeLoop's (max_waiting, keep_steps, stream_interval)."""
         weights = save_tensors({k: v.detach().cpu().contiguous() for k, v in model.state_dict().items()})
         device = (str(next(model.parameters()).device), getattr(model, "forward_kind", "plain"))  # (layers/compiled.py)
-        recipe = (model.cfg, weights, device, torch.get_num_threads(), scheduler, token_budget, cfg, (tp, role, link),
-                  loop_args)  # fmt: skip
+        policy = (scheduler, token_budget, victim)  # layers/policies.make_policy's, built in the child (names pickle)
+        recipe = (model.cfg, weights, device, torch.get_num_threads(), policy, cfg, (tp, role, link), loop_args)
         self.conn, child_end = multiprocessing.Pipe()
         context = multiprocessing.get_context("spawn")  # a fresh interpreter: no forked locks or torch threads
         # (a daemonic process may not start processes of its own: with workers, stop() at exit ends it instead)
@@ -124,7 +125,7 @@ class EngineProcess(LoopHandle):
         kind, *args = message
         if kind == "submit":  # the stream stays here; the engine names it by the request's id
             self.streams[args[0].id] = args[1]
-            message = ("submit", args[0])  # (its automaton is packed as it is sent: see below)
+            message = ("submit", args[0], *args[2:])  # (its automaton is packed as it is sent: see below)
         elif kind in ("ask", "snapshot", "metrics"):  # the future stays here; the engine names it by a number
             with self._lock:
                 self.asked += 1
@@ -219,7 +220,7 @@ class PipeInbox:
     def unpack(self, message: tuple) -> tuple:
         kind, *args = message
         if kind == "submit":
-            return ("submit", self.automata.unpack(args[0]), Outlet(args[0].id))
+            return ("submit", self.automata.unpack(args[0]), Outlet(args[0].id), *args[1:])  # (+ its service)
         if kind == "receive":  # (a decode engine: a handed-over request's books)
             return ("receive", self.automata.unpack(args[0]), *args[1:])
         if kind in ("ask", "snapshot", "metrics"):
@@ -250,12 +251,12 @@ class Answer:
 def run_engine(conn: Connection, recipe: tuple) -> None:
     """The child's life: build the engine and its loop, say ready, serve until told to stop or the pipe closes."""
     signal.signal(signal.SIGINT, signal.SIG_IGN)  # Ctrl-C is the server's to handle (see the module's notes)
-    from minillm.engine.scheduler import SCHEDULERS
     from minillm.layers.compiled import speed_up
+    from minillm.layers.policies import make_policy
     from minillm.model.transformer import Transformer
     from minillm.serving.serve_loop import ServeLoop
 
-    model_cfg, weights, (device, forward), threads, scheduler, token_budget, cfg, (tp, role, link), loop_args = recipe
+    model_cfg, weights, (device, forward), threads, policy, cfg, (tp, role, link), loop_args = recipe
     runner = None
     try:
         torch.set_num_threads(threads)
@@ -268,7 +269,7 @@ def run_engine(conn: Connection, recipe: tuple) -> None:
 
             runner = ShardedRunner(runner, tp)
         meta = {"workload": "live", "forward": model.forward_kind} | ({"tp": tp} if tp > 1 else {})
-        engine = LayeredEngine(runner, SCHEDULERS[scheduler](token_budget=token_budget), cfg, meta)
+        engine = LayeredEngine(runner, make_policy(*policy), cfg, meta)
     except Exception as e:  # noqa: BLE001 (the parent reports it in one line)
         conn.send(("failed", str(e)))
         if hasattr(runner, "close"):

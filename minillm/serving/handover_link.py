@@ -59,7 +59,8 @@ def take_role(loop, role: str, address: str, send, outlet) -> None:
             pattern = books.sampling.constraint and books.sampling.constraint.pattern  # (the HTTP side has it compiled)
             books.sampling = replace(books.sampling, constraint=pattern)
             logprobs = engine.sampler.logprobs.pop(request.id, None)  # (its first token's: the decode side goes on)
-            send(("handed", books, logprobs))  # the books first: they tell the decode side to listen
+            service = engine.services.get(request.id)  # (its priority holds on the decode side too)
+            send(("handed", books, logprobs, service))  # the books first: they tell the decode side to listen
             try:
                 link.send(*export(engine, request))
             except RuntimeError as e:  # the decode engine is gone: free this side, end the request
@@ -67,7 +68,7 @@ def take_role(loop, role: str, address: str, send, outlet) -> None:
             engine.release(request)
             loop.stats.count("handed-over")
 
-    def receive(copy, logprobs: list | None) -> None:  # (decode) a request's books arrived: its KV follows
+    def receive(copy, logprobs: list | None, service=None) -> None:  # (decode) its books arrived: its KV follows
         stream = outlet(copy.id)
         try:
             kv = link.receive(engine.cache.k.dtype)
@@ -77,7 +78,7 @@ def take_role(loop, role: str, address: str, send, outlet) -> None:
         copy.arrival_s, copy.arrival_step = engine.clock.now(), engine.step_no
         if logprobs is not None:  # (the reply's so far: the listener sends them on from its second token)
             engine.sampler.logprobs[copy.id] = list(logprobs)
-        if not engine.submit(copy, kv=kv):  # (it fitted the prefill engine's context: the same limits here)
+        if not engine.submit(copy, kv=kv, service=service):  # (it fitted the prefill engine's: the same limits here)
             engine.sampler.logprobs.pop(copy.id, None)
             why = f"error: the decode engine refused it: {copy.finish_reason}"
             loop.outbox.append((stream, Event("done", detail=why)))

@@ -61,6 +61,17 @@ class LiveStats:
         self.outcomes[outcome] = self.outcomes.get(outcome, 0) + 1
 
 
+def gauges(engine) -> dict[str, int]:
+    """The engine's state now, read between two steps (serve_loop.py asks for it)."""
+    running = engine.running()
+    return {
+        "running": len(running),
+        "waiting": len(engine.pending) + len(engine.waiting),
+        "kv_blocks_used": engine.cache.blocks_in_use([r.seat for r in running]),
+        "kv_blocks_total": engine.cache.num_blocks,
+    }
+
+
 def prometheus_text(stats: LiveStats, gauges: dict[str, int]) -> str:
     """gauges: the engine's state now (running, waiting, kv_blocks_used, kv_blocks_total)."""
     lines = []

@@ -11,6 +11,8 @@ once); every chunk of text is timed as it arrives. From those times, per request
 and for the run: output tokens/s over the wall time, and goodput: the requests that met both a TTFT
 and a TPOT target (what a user would call "fast enough"), per second. The names are those of
 `python -m minillm run --json` (ttft_p50_s, itl_p99_s, tokens_per_s, ...) so the two can be compared.
+The mixed crowd's users carry their class's priority (runs/classes.py: chat users before batch jobs), sent as
+vLLM's `priority` field, and the summary gives each class's TTFT (`by_class`).
 
 Output tokens are counted the same way whatever the server: the reply's text, tokenized by the served model's
 tokenizer (`tokenizer`: "minillm", the default, is minillm's byte-level one, which its export carries, so
@@ -35,10 +37,11 @@ import httpx
 
 from minillm.errors import ConfigError
 from minillm.model.tokenizer import SEP, decode
+from minillm.runs.classes import services
 from minillm.runs.metrics import percentiles
 from minillm.runs.workload import ChatKnobs, make_workload
 
-LOAD_WORKLOADS = ("chat", "system-prompt", "long-prompts")  # the crowds with arrivals per second
+LOAD_WORKLOADS = ("chat", "system-prompt", "long-prompts", "mixed")  # the crowds with arrivals per second
 
 
 @dataclass
@@ -51,6 +54,8 @@ class Job:
     preamble: str | None = None  # sent as the system message
     ignore_eos: bool = False  # run to exactly max_tokens (vLLM and minillm accept this extension)
     hang_up_after: int | None = None  # close the connection after this many chunks with text
+    priority: int | None = None  # sent as vLLM's "priority" (lower first) when set; None: not sent (the server's 0)
+    cls: str | None = None  # its class (the mixed crowd's chat or batch), for the summary's per-class TTFT
 
 
 @dataclass
@@ -93,10 +98,15 @@ def jobs_from_workload(name: str, requests: int, rate_per_s: float | None = None
         raise ConfigError(f"hang_up is a share of the users, in [0, 1]; got {hang_up}")
     knobs = ChatKnobs(requests=requests, rate_per_s=rate_per_s or 1.0, force_lengths=force_lengths)
     rng, jobs = random.Random(seed + 7), []
-    for r in make_workload(name, knobs, seed):
+    users = make_workload(name, knobs, seed)
+    promised = services(users) if name == "mixed" else {}  # (each user's class and priority, as `run` gives them)
+    for r in users:
         preamble, prompt = split_prompt(r.prompt_ids)
         hang = rng.randint(0, 8) if rng.random() < hang_up else None
-        jobs.append(Job(prompt, r.max_new_tokens, r.arrival_s if rate_per_s else 0.0, preamble, r.ignore_eos, hang))
+        job = Job(prompt, r.max_new_tokens, r.arrival_s if rate_per_s else 0.0, preamble, r.ignore_eos, hang)
+        if r.id in promised:
+            job.priority, job.cls = promised[r.id].priority, promised[r.id].cls
+        jobs.append(job)
     return jobs
 
 
@@ -112,6 +122,8 @@ def request_body(job: Job, model: str, api: str) -> dict:
         body["prompt"] = job.prompt
     if job.ignore_eos:
         body["ignore_eos"] = True
+    if job.priority is not None:
+        body["priority"] = job.priority
     return body
 
 
@@ -249,5 +261,17 @@ def summarize_load(outcomes: list[Outcome], ttft_target_s: float = 1.0, tpot_tar
                "latency": [o.end_s - o.sent_s for o in done]}  # fmt: skip
     for name, values in figures.items():
         summary |= {f"{name}_{k}_s": v for k, v in percentiles(values).items()}
+    if any(o.job.cls is not None for o in outcomes):
+        summary["by_class"] = ttft_by_class(outcomes, done, ttft)
     first_error = next((o.error for o in outcomes if o.error), None)
     return summary | ({"first_error": first_error} if first_error else {})
+
+
+def ttft_by_class(outcomes: list[Outcome], done: list[Outcome], ttft: dict[int, float]) -> dict[str, dict]:
+    """Each class (Job.cls) -> its requests, how many finished, and their TTFT percentiles: who went first."""
+    by_class = {}
+    for cls in sorted({o.job.cls for o in outcomes if o.job.cls is not None}):
+        waits = [ttft[id(o)] for o in done if o.job.cls == cls and id(o) in ttft]
+        counts = {"requests": sum(o.job.cls == cls for o in outcomes), "finished": sum(o.job.cls == cls for o in done)}
+        by_class[cls] = counts | {f"ttft_{k}_s": v for k, v in percentiles(waits).items()}
+    return by_class

@@ -38,6 +38,7 @@ from fastapi.exceptions import RequestValidationError
 from fastapi.responses import JSONResponse, PlainTextResponse, Response, StreamingResponse
 from starlette.exceptions import HTTPException
 
+from minillm.layers.service import Service
 from minillm.serving.openai_choices import Choices
 from minillm.serving.openai_echo import echo_only, echoes_of, eos_row
 from minillm.serving.openai_output import choice, reply, usage
@@ -160,11 +161,12 @@ def make_app(loop: LoopHandle, model: str = "minillm", max_body_bytes: int = MAX
             choices = [choice(ask, i, [], "", "length", [], echo) for i, echo in enumerate(echoes)]
             return Json(reply(ask, requests[0].id, model, choices, usage(prompt_tokens, 0)))
         streams, rids = [], [request.id for request in requests]
+        service = Service(priority=ask.priority)  # (the trace keeps it; the priority policy seats by it)
         try:
             for request in requests:
                 request.sampling = replace(request.sampling, constraint=constraint)  # (it travels in the sampling)
                 stream = AsyncTokenStream(asyncio.get_running_loop())
-                loop.submit(request, stream)
+                loop.submit(request, stream, service)
                 streams.append(stream)
                 first = await first_word(stream)
                 if first.kind == "refused":

@@ -12,7 +12,10 @@ this server cannot honour (chat's echo, tools, penalties, ...) is refused with a
 dropped: a client that relies on it would get wrong answers without knowing. Such a field sent with the value
 that asks for nothing (null, false, 0, an empty list) is fine. Two extensions, as in vLLM: `ignore_eos` runs a
 reply to exactly max_tokens; `return_token_ids` adds each choice's new token ids as "token_ids" (the tests
-compare them with the offline engine's, token for token).
+compare them with the offline engine's, token for token). A third, vLLM's `priority`: a whole number, lower goes
+first (default 0), which the priority policy (`serve --scheduler priority`) seats by and every policy's trace keeps.
+Unlike vLLM, minillm takes it under any policy (a crowd's priorities can be compared across policies) and only as
+a JSON integer (vLLM's parser would also take 1.0, "1" or true; like vLLM's, it refuses null).
 
 Structured output (`response_format` json_object / json_schema, and minillm's `regex`) is read by
 openai_structured.py, on both endpoints, after the fields here.
@@ -30,6 +33,7 @@ MAX_STOPS = 4  # stop strings per request (OpenAI's limit)
 MAX_TEMPERATURE = 2  # OpenAI's range is 0-2 (the engine itself takes any temperature >= 0)
 STREAM_OPTIONS = ("include_usage", "continuous_usage_stats", "include_obfuscation")
 BIG_NUMBER_DIGITS = 40  # a JSON integer longer than this is no count, seed or token of ours: refused, not parsed
+PRIORITY_RANGE = (-(2**63), 2**63 - 1)  # vLLM's: a 64-bit integer
 
 
 class ApiError(MinillmError):
@@ -64,6 +68,7 @@ class Ask:
     continuous_usage: bool = False  # stream_options.continuous_usage_stats (vLLM's): usage on every chunk too
     prompts: list | None = None  # completions with several prompts: all of them (prompt: the first), else None
     echo: bool = False  # completions: the reply's text starts with the prompt (its logprobs too, when asked)
+    priority: int = 0  # vLLM's extension: lower goes first (the engine gets it as the request's Service)
 
     def each(self) -> list[Ask]:
         """One Ask per prompt: the choices' order (a request with one prompt: itself)."""
@@ -106,7 +111,8 @@ WHY_NOT = {"echo": "echo (the prompt back in the reply) is not supported",
            "functions": "this model cannot call functions",
            "n": "n must be 1: this server makes one reply per request"}  # fmt: skip
 COMMON = {"model", "max_tokens", "stream", "stream_options", "temperature", "top_p", "top_k", "seed", "stop",
-          "ignore_eos", "return_token_ids", "user", "metadata", "service_tier", "response_format", "regex"}  # fmt: skip
+          "ignore_eos", "return_token_ids", "user", "metadata", "service_tier", "response_format", "regex",
+          "priority"}  # fmt: skip
 FIELDS = {"completions": COMMON | {"prompt", "logprobs", "echo"},
           "chat": COMMON | {"messages", "max_completion_tokens", "logprobs", "top_logprobs"}}  # fmt: skip
 
@@ -116,7 +122,9 @@ def same(value, harmless) -> bool:
 
 
 def check_fields(body: dict, endpoint: str) -> dict:
-    """The fields to read (a null is as good as absent); any other field that asks for something: a 400."""
+    """The fields to read (a null is as good as absent, but for priority: see priority_of); any other field that
+    asks for something: a 400."""
+    priority_of(body)  # (before its null is dropped with the others')
     for name, value in body.items():
         if value is None or name in FIELDS[endpoint] or any(same(value, h) for h in HARMLESS.get(name, ())):
             continue
@@ -138,6 +146,17 @@ def whole(body: dict, name: str, low: int, high: float, what: str) -> int | None
     value = body.get(name)
     if value is not None and (not isinstance(value, int) or isinstance(value, bool) or not low <= value <= high):
         raise ApiError(f"{name} must be a whole number {what}, got {value!r}", param=name)
+    return value
+
+
+def priority_of(body: dict) -> int:
+    """vLLM's `priority`: a whole number, lower first; absent: 0. Not null (vLLM's field is a plain int)."""
+    value = body.get("priority", 0)
+    low, high = PRIORITY_RANGE
+    if not isinstance(value, int) or isinstance(value, bool) or not low <= value <= high:
+        got = json.dumps(value, default=repr)[:80]
+        raise ApiError(f"priority must be a whole number, lower first (vLLM's rule: e.g. 0 for a user waiting, 1 for "
+                       f"a batch job; leave it out for 0), got {got}", param="priority")  # fmt: skip
     return value
 
 
@@ -208,4 +227,5 @@ def common_fields(body: dict, model: str, prompt: str | list[int], chat: bool, l
     include_usage = bool(options.get("include_usage"))
     return Ask(prompt, preamble, max_tokens, flag(body, "stream"), include_usage, flag(body, "ignore_eos"),
                flag(body, "return_token_ids"), chat, _sampling(body, logprobs), _stop(body),
-               continuous_usage=include_usage and bool(options.get("continuous_usage_stats")))  # fmt: skip
+               continuous_usage=include_usage and bool(options.get("continuous_usage_stats")),
+               priority=priority_of(body))  # fmt: skip

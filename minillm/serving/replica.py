@@ -19,6 +19,7 @@ from dataclasses import dataclass, field
 
 from minillm.engine.engine import Engine
 from minillm.engine.request import Request
+from minillm.layers.service import Service
 from minillm.serving.engine_process import EngineProcess
 from minillm.serving.routing import ReplicaView
 from minillm.serving.token_stream import AsyncTokenStream, Event, TokenStream
@@ -47,6 +48,7 @@ class Flight:
     accepted: bool = False  # its reader heard "accepted" (a retry's second one is not passed on)
     retried: bool = False  # sent once elsewhere (its first replica failed before its first token)
     aborted: str | None = None  # an abort's reason, so a request between replicas is not sent again
+    service: Service | None = None  # its priority, ... (sent with it, to a retry's replica too)
 
     @property
     def remaining(self) -> int:

@@ -26,6 +26,7 @@ from functools import partial
 
 from minillm.engine.request import Request
 from minillm.errors import ConfigError
+from minillm.layers.service import Service
 from minillm.serving.engine_process import EngineProcess
 from minillm.serving.live_metrics import fleet_text
 from minillm.serving.replica import Flight, Replica, RoutedAsyncStream, Tap, cache_report
@@ -102,8 +103,8 @@ class Router(LoopHandle):
         return sum(r.loop.steps for r in self.replicas)
 
     # --- requests --------------------------------------------------------------------------------------
-    def submit(self, request: Request, stream: TokenStream | AsyncTokenStream) -> None:
-        flight = Flight(request, prompt_keys(request.prompt_ids, self.block_size), reader=stream)
+    def submit(self, request: Request, stream: TokenStream | AsyncTokenStream, service: Service | None = None) -> None:
+        flight = Flight(request, prompt_keys(request.prompt_ids, self.block_size), reader=stream, service=service)
         wrap = RoutedAsyncStream if isinstance(stream, AsyncTokenStream) else Tap
         flight.stream = wrap(stream, lambda event: self._see(flight, event))
         with self.lock:
@@ -111,7 +112,7 @@ class Router(LoopHandle):
                 return stream.put(Event("refused", status=400, detail=f"request id {request.id!r} is in use"))
             replica = self._place(flight)
         if replica is not None:  # (sent outside the lock: a pipe may be full, and its reader may need the lock)
-            replica.loop.submit(request, flight.stream)
+            replica.loop.submit(request, flight.stream, service)
 
     def _place(self, flight: Flight) -> Replica | None:
         """(Under the lock.) Choose a replica in rotation and write the books; None: no replica serves (the reader
@@ -161,7 +162,7 @@ class Router(LoopHandle):
                 why = f"replica {replica.index} failed ({replica.failed}) after {flight.made} token(s) of this reply"
                 return [] if retry else [Event("done", detail=f"error: {why}")]  # (_place told the reader, if tried)
             self.retried += 1
-        again.loop.submit(flight.request, flight.stream)
+        again.loop.submit(flight.request, flight.stream, flight.service)
         return []
 
     def abort(self, request_id: str, reason: str = "aborted") -> None:

@@ -22,7 +22,7 @@ An abort carries a reason: "aborted" (a hang-up), "stop" (the reply reached a st
 HTTP side finds in the text), "abort" (the server is shutting down).
 
 A server runs for hours while the engine records every step: this loop keeps only the last
-`keep_steps` steps (and the requests they mention), so memory stays bounded, and `trace()`
+`keep_steps` steps (and the requests they mention, with their services), so memory stays bounded, and `trace()`
 gives that window as an ordinary trace (trace_window.py) that metrics.py and the app read.
 """
 
@@ -37,8 +37,9 @@ from dataclasses import dataclass
 from minillm.engine.engine import Engine
 from minillm.engine.request import Request
 from minillm.errors import InputError
+from minillm.layers.service import Service
 from minillm.layers.trace import Trace, request_record
-from minillm.serving.live_metrics import LiveStats, prometheus_text
+from minillm.serving.live_metrics import LiveStats, gauges, prometheus_text
 from minillm.serving.token_stream import AsyncTokenStream, Event, TokenStream, deliver
 from minillm.serving.trace_window import window
 
@@ -56,9 +57,10 @@ class LoopHandle:
     def _send(self, message: tuple) -> None:
         raise NotImplementedError
 
-    def submit(self, request: Request, stream: TokenStream | AsyncTokenStream) -> None:
-        """Hand a request to the engine; its stream says first "accepted" or "refused"."""
-        self._send(("submit", request, stream))
+    def submit(self, request: Request, stream: TokenStream | AsyncTokenStream, service: Service | None = None) -> None:
+        """Hand a request to the engine, with its service (priority, ...: LayeredEngine.submit); its stream says
+        first "accepted" or "refused"."""
+        self._send(("submit", request, stream, service))
 
     def abort(self, request_id: str, reason: str = "aborted") -> None:
         """Stop a request wherever it is (a client hung up, ...). Aborting a finished request does nothing."""
@@ -180,7 +182,7 @@ class ServeLoop(LoopHandle):
             except queue.Empty:
                 return True
 
-    def _submit(self, request: Request, stream: TokenStream | AsyncTokenStream) -> None:
+    def _submit(self, request: Request, stream: TokenStream | AsyncTokenStream, service: Service | None = None) -> None:
         engine = self.engine
         queued = len(engine.pending) + len(engine.waiting)
         if queued >= self.max_waiting:  # backpressure: refuse now rather than queue without end
@@ -190,7 +192,7 @@ class ServeLoop(LoopHandle):
             return
         request.arrival_s, request.arrival_step = engine.clock.now(), engine.step_no  # it arrives now
         try:
-            accepted = engine.submit(request)
+            accepted = engine.submit(request, service=service)
         except InputError as e:  # an id still in use (the server's own ids never are): refuse it, serve the rest
             self.stats.count("rejected")
             self.outbox.append((stream, Event("refused", status=400, detail=str(e))))
@@ -218,8 +220,8 @@ class ServeLoop(LoopHandle):
         if listener is not None:
             self.outbox.append((listener.stream, Event("done", detail=reason)))
 
-    def _receive(self, request: Request, logprobs: list | None = None) -> None:  # (a decode engine: disaggregate.py)
-        self.receiver(request, logprobs)
+    def _receive(self, request: Request, logprobs: list | None = None, service: Service | None = None) -> None:
+        self.receiver(request, logprobs, service)  # (a decode engine: disaggregate.py)
 
     def _ask(self, question: Callable[[Engine], object], answer: Future) -> None:
         try:
@@ -233,7 +235,8 @@ class ServeLoop(LoopHandle):
         if since_step is not None:
             steps = [s for s in steps if s.step > since_step]
         first = steps[0].step if steps else self.engine.step_no
-        requests = [request_record(r) for r in self.engine.requests if not finished_before(r, first)]
+        kept, services = [r for r in self.engine.requests if not finished_before(r, first)], self.engine.services
+        requests = [request_record(r, services.get(r.id)) for r in kept]
         answer.set_result((dict(self.config), requests, steps, first))  # step records never change once made
 
     def _metrics(self, answer: Future) -> None:
@@ -273,7 +276,7 @@ class ServeLoop(LoopHandle):
             return
         del records[: len(records) - self.keep_steps]
         first = records[0].step
-        self.engine.requests = [r for r in self.engine.requests if not finished_before(r, first)]
+        self._keep([r for r in self.engine.requests if not finished_before(r, first)])
 
     def _ended_unseated(self) -> None:
         """A request ended without ever having a seat (refused by the engine, or aborted in the queue). No step
@@ -282,18 +285,15 @@ class ServeLoop(LoopHandle):
         if self.unseated > 2 * self.keep_steps:
             gone = [r for r in self.engine.requests if r.is_finished and r.admit_step is None]
             drop = {id(r) for r in gone[: len(gone) - self.keep_steps]}
-            self.engine.requests = [r for r in self.engine.requests if id(r) not in drop]
+            self._keep([r for r in self.engine.requests if id(r) not in drop])
             self.unseated = self.keep_steps
 
-
-def gauges(engine: Engine) -> dict[str, int]:
-    running = engine.running()
-    return {
-        "running": len(running),
-        "waiting": len(engine.pending) + len(engine.waiting),
-        "kv_blocks_used": engine.cache.blocks_in_use([r.seat for r in running]),
-        "kv_blocks_total": engine.cache.num_blocks,
-    }
+    def _keep(self, requests: list[Request]) -> None:
+        """Keep these requests, and the services of these only (a Service per request ever served would grow
+        without end). In place: the policy reads the same dict (RankedPolicy.attach)."""
+        self.engine.requests, ids = requests, {r.id for r in requests}
+        for rid in [rid for rid in self.engine.services if rid not in ids]:
+            del self.engine.services[rid]
 
 
 def finished_before(r: Request, step: int) -> bool:

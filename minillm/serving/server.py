@@ -22,9 +22,10 @@ import uvicorn
 from torch import nn
 
 from minillm.config import EngineConfig
-from minillm.engine.scheduler import DEFAULT_TOKEN_BUDGET, SCHEDULERS
+from minillm.engine.scheduler import DEFAULT_TOKEN_BUDGET
 from minillm.errors import ConfigError
 from minillm.layers import LayeredEngine
+from minillm.layers.policies import make_policy
 from minillm.serving.api_key import ApiKeyMiddleware
 from minillm.serving.engine_process import START_TIMEOUT_S, EngineProcess
 from minillm.serving.openai_api import MAX_BODY_BYTES, drain, make_app
@@ -57,28 +58,31 @@ def build_loop(
     process: bool = False,
     tp: int = 1,
     disaggregate: bool = False,
+    victim: str | None = None,
 ) -> ServeLoop | EngineProcess:
     """An engine for the model, wrapped in a ServeLoop on a thread of this process, or (process=True) in an
     EngineProcess of its own (what `serve` runs). Not started: the app starts it. tp > 1: the model split across
     that many processes (parallel/), the engine's own among them. disaggregate: a prefill engine and a decode
-    engine, each in a process of its own (disaggregate.py)."""
+    engine, each in a process of its own (disaggregate.py). scheduler, victim: the policy and whom it preempts
+    (layers/policies.py: POLICIES, VICTIMS; victim None: the policy's own)."""
     if min(max_waiting, keep_steps, stream_interval) < 1:
         raise ConfigError(f"max_waiting, keep_steps and stream_interval must be at least 1, got {max_waiting}, "
                           f"{keep_steps} and {stream_interval}")  # fmt: skip
     cfg = EngineConfig(slots=slots, kv=kv, block_size=block_size, num_blocks=num_blocks,
                        prefix_caching=prefix_caching, record_blocks=record_blocks)  # fmt: skip
     loop_args = {"max_waiting": max_waiting, "keep_steps": keep_steps, "stream_interval": stream_interval}
+    policy = make_policy(scheduler, token_budget, victim)  # (here: a wrong name fails before any process starts)
     if disaggregate:  # two engine processes: one prefills, one decodes, the KV sent between them
         from minillm.serving.disaggregate import PrefillDecode
 
-        return PrefillDecode(model, scheduler, token_budget, cfg, tp=tp, **loop_args)
-    if process:
-        return EngineProcess(model, scheduler, token_budget, cfg, tp=tp, **loop_args)
+        return PrefillDecode(model, scheduler, token_budget, cfg, tp=tp, victim=victim, **loop_args)
+    if process:  # (its process builds a policy of its own from the names)
+        return EngineProcess(model, scheduler, token_budget, cfg, tp=tp, victim=victim, **loop_args)
     if tp > 1:
         from minillm.parallel.runner import ShardedRunner  # (its close() runs at the process's exit)
 
         model = ShardedRunner(model, tp)
-    engine = LayeredEngine(model, SCHEDULERS[scheduler](token_budget=token_budget), cfg, meta={"workload": "live"})
+    engine = LayeredEngine(model, policy, cfg, meta={"workload": "live"})
     return ServeLoop(engine, **loop_args)
 
 
