@@ -30,7 +30,7 @@ from minillm.runs import trace_file
 from minillm.serving.server import ServerThread, build_loop
 from minillm.serving.trace_window import window
 from tests.conftest import one_torch_thread, random_model
-from viz.app import fleet_view, replays, step_player
+from viz.app import fleet_view, presenter, replays, step_player
 from viz.app.live import DEFAULT_URL, ServerError, server_url
 from viz.app.step_player import NOT_IMPLEMENTED
 from viz.app.trace_files import load_uploaded_trace
@@ -231,6 +231,65 @@ def test_switching_workload_shows_its_knobs():
     assert at.slider(key="requests").value == 6
     assert subheaders(at) == ["continuous batching"]
     assert shown_step(at) == 0
+
+
+MARKS = ("data-verdict", "data-class", "data-missed", "data-service", 'data-figure="met targets"')  # viz/targets.py
+
+
+def frame_block(at: AppTest) -> str:
+    return next(m.value for m in at.markdown if "data-frame" in m.value)
+
+
+def test_who_goes_first_marks_each_class_and_verdict_with_goodput_in_the_headline():
+    at = open_app()
+    at.radio(key="schedule").set_value("continuous vs deadline").run()
+    assert not at.exception and at.session_state.workload == "mixed"  # from the seed story: the crowd with targets
+    assert subheaders(at) == ["continuous batching", "deadline policy"]
+    assert "Goodput, whole run:" in headline(at) and "Seats busy" not in headline(at)
+    goodput = {name: float(value.removesuffix("/s")) for name, value in headline_values(at).items()}
+    assert goodput["deadline"] >= 1.5 * goodput["continuous"]  # (the issue's goal, on the app's crowd)
+    assert re.search(r"continuous <b[^>]*>[\d.]+/s</b> \d+% met", headline(at))
+    why = next(m.value for m in at.markdown if m.value.startswith("<b>Goodput</b>"))
+    assert "chat: TTFT ≤ 1 s" in why and "| chat met | batch met | longest wait |" in why
+    at.slider(key="step").set_value(400).run()
+    block = frame_block(at)
+    continuous, deadline = block.split("data-panel=")[1:]
+    assert 'data-class="chat"' in block and 'data-class="batch"' in block and block.count("data-verdict") == 2
+    assert "data-missed" in continuous and "data-missed" not in deadline  # chat users crossed in the queue
+    assert len(figure(at, "met targets")) == 2 and 'data-service="batch"' in block
+
+
+def test_a_link_opens_who_goes_first_on_the_mixed_crowd():
+    at = AppTest.from_file("../app.py", default_timeout=120)
+    at.query_params["policy"] = "priority"
+    at.run()
+    assert not at.exception and at.selectbox(key="workload").value == "mixed"
+    assert subheaders(at) == ["continuous batching", "priority policy"]
+    assert "Goodput, whole run:" in headline(at)
+
+
+def test_without_targets_nothing_is_marked_and_the_headline_is_seats_busy():
+    at = open_app(step=12)
+    assert "Seats busy, whole run:" in headline(at) and "Goodput" not in headline(at)
+    assert not any(mark in frame_block(at) for mark in MARKS)
+    at = open_app(workload="chat", schedule="continuous vs deadline")  # a crowd without classes: said so
+    assert not at.exception and "Seats busy, whole run:" in headline(at)
+    assert any(c.value == step_player.MIXED_ONLY for c in at.caption)
+    assert not any(mark in frame_block(at) for mark in MARKS)
+
+
+@pytest.mark.parametrize("present", [True, False], ids=["presenter", "normal"])
+def test_who_goes_first_reads_at_1280_px(present):
+    """No control cut and the seat charts' lettering large enough, the goodput headline and the marks' legend
+    included (tests/test_presenter.py's checks, on this view)."""
+    from tests.test_presenter import NORMAL, PRESENTER, chart_lettering, cut_labels
+    from tests.test_presenter import open_app as open_page
+
+    at = open_page(None, present, schedule="continuous vs deadline", workload="mixed", step=400)
+    page = PRESENTER if present else NORMAL
+    assert not at.exception and not cut_labels(at, page), cut_labels(at, page)
+    lettering = chart_lettering(at, page)
+    assert len(lettering) == 2 and all(px >= presenter.LETTERING_PX[present] for _, px in lettering), lettering
 
 
 def test_a_malformed_upload_shows_an_error_not_a_traceback(tiny_trace):

@@ -157,14 +157,16 @@ def figures_html(figures: list[tuple[str, str, str, str]], widest: list[str] | N
 HEADLINE_REM = 2.2  # the big numbers: 44 px on a projector (20 px type), in rem so no parent's size shrinks them
 
 
-def headline_html(label: str, parts: list[tuple[str, str]], note: str = "", one_line: bool = False) -> str:
+def headline_html(label: str, parts: list[tuple[str, ...]], note: str = "", one_line: bool = False) -> str:
     """The view's one big number (or two, side by side): `parts` are (what, value) pairs, e.g.
-    [("static", "52%"), ("continuous", "99%")]; `note`: a sentence under them (HTML allowed).
-    one_line: the label on the numbers' line, no note (the presenter view puts it one click away)."""
+    [("static", "52%"), ("continuous", "99%")], or (what, value, after) with a few words after the number;
+    `note`: a sentence under them (HTML allowed). one_line: the label on the numbers' line, no note (the presenter
+    view puts it one click away)."""
     numbers = " &nbsp;·&nbsp; ".join(
         f'<span style="white-space:nowrap">{escape(what)} <b data-headline="{escape(what)}" '
-        f'style="font-size:{HEADLINE_REM}rem;line-height:1.1">{escape(value)}</b></span>'
-        for what, value in parts
+        f'style="font-size:{HEADLINE_REM}rem;line-height:1.1">{escape(value)}</b>'
+        f"{escape(''.join(' ' + a for a in after))}</span>"
+        for what, value, *after in parts
     )
     box = "border-left:0.35em solid #0072b2;padding:0.2em 0 0.3em 0.7em;margin:0.3em 0 0.6em 0"
     if one_line:
@@ -204,12 +206,14 @@ def chip(request_id: str, color: str) -> str:
     )
 
 
-def queue_html(waiting: list[str], colors: dict[str, str], length: int | None = None) -> str:
-    """The queue's head as chips; `length`: the whole queue's length, when more are waiting than shown."""
-    length = len(waiting) if length is None else length
+def queue_html(waiting: list[str], colors: dict[str, str], length: int | None = None,
+               marks: dict[str, str] | None = None) -> str:  # fmt: skip
+    """The queue's head as chips; `length`: the whole queue's length, when more are waiting than shown; marks: request
+    id -> HTML after its chip (a target it has missed: viz/targets.py)."""
+    length, marks = len(waiting) if length is None else length, marks or {}
     if not length:
         return "<div data-queue><b>Waiting queue:</b> empty</div>"
-    chips = "".join(chip(rid, colors.get(rid, "#777777")) for rid in waiting)
+    chips = "".join(chip(rid, colors.get(rid, "#777777")) + marks.get(rid, "") for rid in waiting)
     more = f" … and {length - len(waiting)} more" if length > len(waiting) else ""
     return f"<div data-queue><b>Waiting queue ({length}):</b> {chips}{more}</div>"
 
@@ -268,7 +272,7 @@ def replies_html(replies, not_arrived: int = 0, max_height: int | None = 380) ->
             f'<div><span data-prompt style="{BUBBLE};background:#eeeeee">{escape(r.prompt)}</span></div>'
             f'<div><span data-reply style="{BUBBLE};background:#e3eef8;font-family:monospace;min-width:2em;'
             f'min-height:1.2em">{text}</span>'
-            f'<div style="font-size:0.85em">{status_html(r.status)}{mask_html(r)}</div></div></div>'
+            f'<div style="font-size:0.85em">{status_html(r.status)}{mask_html(r)}{r.service}</div></div></div>'
         )
     more = f"<div style='color:#777'>{not_arrived} more not arrived yet</div>" if not_arrived else ""
     legend = GUESS_LEGEND if any(r.guesses for r in replies) else ""

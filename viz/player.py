@@ -12,7 +12,7 @@ are lookups in arrays (progress.py), the requests' statuses a column of the trac
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 import numpy as np
 
@@ -41,6 +41,7 @@ class Reply:
     allowed: tuple[int, int] | None = None  # a constrained row that picked this step: (tokens its mask allowed, of
     # how many)
     constrained: bool = False  # a constraint holds this reply to a pattern
+    service: str = ""  # HTML after its status: its class and whether it met its targets (viz/targets.py)
 
 
 @dataclass
@@ -57,9 +58,13 @@ class Frame:
     replies: list[Reply]  # requests that have arrived, in workload order (none for a simulated card's placeholders)
     not_arrived: int
     allowed: dict[str, int]  # constrained rows that picked this step: request id -> tokens their masks allowed
+    marks: dict[str, str] = field(default_factory=dict)  # request id -> HTML after its queue chip (viz/targets.py)
+    more_figures: list[tuple[str, str, str, str]] = field(default_factory=list)  # after the panel's figures
 
 
 class TracePlayer:
+    legend_items: tuple[str, ...] = ()  # HTML after the seat states in the seat charts' legend (viz/targets.py)
+
     def __init__(self, trace: Trace, width: int = 1100, axis_steps: int | None = None,
                  axis_seconds: float | None = None, text_px: int = TEXT_PX, height: int | None = None,
                  colors: dict[str, str] | None = None):  # fmt: skip

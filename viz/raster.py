@@ -95,6 +95,7 @@ class OccupancyRaster:
             self.left_px = np.floor(start * scale).astype(int)
             self.right_px = np.maximum(np.ceil(end * scale).astype(int), self.left_px + 1)
         self.seconds = axis_seconds is not None
+        self.step_of_px, self.gap = np.minimum(step_of_px, self.n), gap  # (n: no step there; for marks painted on)
         padded = np.full((self.slots, self.n + 1), FUTURE, dtype=states.dtype)  # column n: idle or after the end
         padded[:, : self.n] = states
         if self.seconds:
@@ -164,6 +165,7 @@ class OccupancyRaster:
             if first > upto:
                 continue
             x0, x1 = self.left + self.left_px[first], self.left + self.right_px[min(last, upto)]
+            x0, x1 = self.label_span(seat, last, upto, x0, x1)
             rid = self.names[index]
             options = [f"{rid} done, seat held", rid] if held else [rid]
             text = next((t for t in options if draw.textlength(t, font=self.font) + 6 <= x1 - x0), None)
@@ -171,3 +173,7 @@ class OccupancyRaster:
                 y = TOP + seat * self.row_h + (self.row_h - GAP) / 2
                 draw.text(((x0 + x1) / 2, y), text, fill="white", font=self.font, anchor="mm")
         return picture
+
+    def label_span(self, seat: int, last: int, upto: int, x0: int, x1: int) -> tuple[int, int]:
+        """Where a run's label may go, from x0 to x1: all of it here (marks drawn on the run keep their room)."""
+        return x0, x1

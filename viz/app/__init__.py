@@ -6,6 +6,7 @@ these draw pages, not pictures: only app.py imports them.
   multicard    the what-if view's cards (tp) and link: the model split over several cards, and what they send
   live         a running server (python -m minillm serve), watched as requests arrive
   playback     the step player itself (controls, panels), shared by the views that replay traces
+  headlines    a replaying view's big numbers: seats busy, or goodput when the requests carry targets
   presenter    the presenter view: the layout and sizes for a projector
   replays      the step player's runs, replayed from each prompt's recorded reply: a setting costs no forward
   fleet_run    two engines in this process, a fleet: replicas behind a router, or a prefill and a decode engine

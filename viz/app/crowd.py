@@ -22,8 +22,10 @@ from minillm.layers.trace import Trace
 from minillm.runs.run import workload_engine
 from minillm.runs.workload import ALL_WORKLOADS, SIMULATED_WORKLOADS, ChatKnobs
 from viz.app import playback, presenter
-from viz.app.playback import Transport, play, seats_busy_headline
+from viz.app.headlines import run_headline
+from viz.app.playback import Transport, play
 from viz.player import TracePlayer
+from viz.targets import player_of
 
 RATES_PER_S = [0.5, 1, 2, 4, 8, 16, 32, 1000]
 BUDGETS = [None, 0, 64, 128, 256, 512, 1024, 2048, 4096, 8192]  # None: the card's default (simulate.py)
@@ -103,7 +105,7 @@ def simulated_crowd(card: str, model: str, dtype: str, kv_dtype: str, context: i
 @st.cache_resource(max_entries=8, show_spinner=False)
 def simulated_player(_trace, run_key: tuple, width: int, axis_seconds: float, text_px: int, height: int | None
                      ) -> TracePlayer:  # fmt: skip
-    return TracePlayer(_trace, width, axis_seconds=axis_seconds, text_px=text_px, height=height)
+    return player_of(_trace, width, axis_seconds=axis_seconds, text_px=text_px, height=height)
 
 
 def summary_table(players: list[tuple[str, TracePlayer]]) -> str:
@@ -193,7 +195,7 @@ def crowd_view(choice: dict, everyone: dict | None = None, settings_at=None, hea
     key = (*card.values(), *settings.values())
     players = [(SCHEDULERS[name], simulated_player(trace, (name, *key), size.width, end, size.text_px, size.height))
                for name, trace in traces.items()]  # fmt: skip
-    play(players, Transport("sim_", speed=10), headline=lambda shown: seats_busy_headline(shown, row=headline_at))
+    play(players, Transport("sim_", speed=10), headline=lambda shown: run_headline(shown, row=headline_at))
     st.subheader(f"{CROWD_TITLE}: the whole run")
     if not presenter.on():
         st.caption(

@@ -23,7 +23,8 @@ import streamlit as st
 from minillm.errors import MinillmError
 from minillm.layers.trace import Trace
 from viz.app import presenter, replays
-from viz.app.playback import Transport, headline_with_why, play
+from viz.app.headlines import headline_with_why
+from viz.app.playback import Transport, play
 from viz.app.trace_files import exports
 from viz.fleet import REASONS, FleetPlayer, fleet_colors, handovers, hit_rate, reason_counts, waited_behind
 from viz.html import occupancy_legend, swatch

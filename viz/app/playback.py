@@ -21,7 +21,6 @@ from viz.html import (
     event_html,
     figures_html,
     frame_html,
-    headline_html,
     kv_legend,
     kv_memory_html,
     occupancy_legend,
@@ -151,9 +150,10 @@ TTFT_TIP = (
 )
 
 
-def figures(player: TracePlayer, m: dict) -> str:
+def figures(player: TracePlayer, m: dict, more: list | tuple = ()) -> str:
     """The run's figures at this frame: tokens, seats busy now (the articles' figure) and so far, the queue,
-    TTFT p50 (waiting requests counted by their wait so far) and TPOT p50; in steps, or simulated seconds."""
+    TTFT p50 (waiting requests counted by their wait so far) and TPOT p50; in steps, or simulated seconds; `more`
+    after them (the frame's: who met their targets so far, viz/targets.py)."""
     still = f"{m['waiting_for_first_token']} still waiting" if m["waiting_for_first_token"] else ""
     if player.simulated:
         first = ("tokens/s so far", _num(m["tokens_per_s_so_far"], ",.0f"), "", "output tokens / simulated seconds")
@@ -172,6 +172,7 @@ def figures(player: TracePlayer, m: dict) -> str:
         ("waiting", str(m["queue_length"]), "", "arrived, no seat yet"),
         ttft,
         tpot,
+        *more,
     ], widest=WIDEST_FIGURES)  # fmt: skip
 
 
@@ -196,10 +197,10 @@ def panel_html(title: str, player: TracePlayer, frame, position: int) -> str:
     alt = f"who sits in each seat, up to step {frame.step}"
     chart = png_html(frame.occupancy_png, alt, player.text_px, True, masks_hover(frame))
     event = event_html(frame.step, frame.event)
-    queue = queue_html(frame.waiting, player.colors, frame.metrics["queue_length"])
+    queue = queue_html(frame.waiting, player.colors, frame.metrics["queue_length"], frame.marks)
     made = None if player.simulated else frame.metrics["tokens"]
     tokens = token_budget_html(frame.tokens, player.budget, player.bar_tokens, made)
-    numbers, kv = figures(player, frame.metrics), kv_html(player, frame)
+    numbers, kv = figures(player, frame.metrics, frame.more_figures), kv_html(player, frame)
     if presenter.on():
         parts = [f"<div>{chart}{event}{queue}</div>", kv, numbers, tokens]
     else:
@@ -239,33 +240,6 @@ def kv_html(player: TracePlayer, frame) -> str:
     return f"<div>{head}{picture}{kv_legend(bool(config.get('prefix_caching')))}</div>"
 
 
-WHY_LABEL = "why these numbers"
-
-
-def seats_busy_headline(players: list[tuple[str, TracePlayer]], note: str = "", row=None) -> None:
-    """The one big number of a side-by-side view: seats busy over the whole run, each policy; `note` and how long
-    each run took to serve everyone behind its why? (headline_with_why, which says what `row` is)."""
-    if len(players) != 2:
-        return
-    parts = [(title.removesuffix(" batching"), f"{p.summary['slot_utilization']:.0%}") for title, p in players]
-    ends = [p.end_s if p.simulated else p.summary["last_finish_step"] for _, p in players]
-    if None not in ends:  # a count of steps, as the lessons say it ("519 steps"): the last step is 518, from 0
-        unit = (lambda v: f"{v:,.1f} s") if players[0][1].simulated else (lambda v: f"{v + 1:,} steps")
-        done = ", ".join(f"{part[0]} {unit(end)}" for part, end in zip(parts, ends))
-        note = f"{note} All requests done in: {done}.".strip()
-    same = "Same requests and seats: only the scheduler differs."
-    headline_with_why("Seats busy, whole run:", parts, f"{same} {note}", row)
-
-
-def headline_with_why(label: str, parts: list[tuple[str, str]], note: str, row=None) -> None:
-    """A view's big numbers on one line (headline_html), and why they say so one click away in a popover (row: two
-    columns for them, e.g. beside the settings; default: a row of its own)."""
-    line, why = row or st.columns([8, 1.6], vertical_alignment="center")
-    line.markdown(headline_html(label, parts, one_line=True), unsafe_allow_html=True)
-    with why.popover("why?", icon=":material/info:", help=WHY_LABEL, width="stretch"):
-        st.markdown(note, unsafe_allow_html=True)
-
-
 def play(players: list[tuple[str, TracePlayer]], transport: Transport, headline=None, legend: str | None = None
          ) -> None:  # fmt: skip
     """Draw the player: `headline(players)` once (it is about the whole run), then the transport and the panels;
@@ -289,7 +263,8 @@ def _player(players, transport: Transport, timer: float | None, legend: str | No
     transport.set(step=position)
     frames = [(title, player, player.frame(timeline.step_of(player, position))) for title, player in players]
     controls(transport, timeline)
-    legend = legend or occupancy_legend(any(p.has_stalled for _, p in players))
+    marks = tuple(dict.fromkeys(item for _, p in players for item in p.legend_items))  # (a run's class marks, once)
+    legend = legend or occupancy_legend(any(p.has_stalled for _, p in players), more=marks)
     panels = "".join(panel_html(title, player, frame, position) for title, player, frame in frames)
     block = frame_html(caption_html(timeline.label(position), transport.playing, position), legend, panels, len(frames))
     st.markdown((SLIDER_NUMBER_HIDDEN if transport.playing else "") + block, unsafe_allow_html=True)

@@ -3,6 +3,10 @@
 Each setting is served by the real engine, schedulers and KV cache, replayed from each prompt's recorded reply
 (replays.py): a change costs bookkeeping, not forwards (the model runs only for prompts never answered before).
 Playing only looks up the run's trace, so scrubbing back and forth is instant and every picture comes from it.
+
+Who goes first (?policy=deadline or ?policy=priority): first come first served beside the deadline or priority policy
+(minillm/layers/policies.py) on the mixed crowd, chat users and batch jobs; each request's class and whether it met
+its targets drawn on the seats (viz/targets.py), goodput in the headline.
 """
 
 from __future__ import annotations
@@ -21,10 +25,12 @@ from minillm.model.checkpoint import load_model
 from minillm.runs.metrics import one_user_left
 from minillm.runs.workload import SEED_STORY_SLOTS, WORKLOADS
 from viz.app import fleet_view, presenter, replays
-from viz.app.playback import Transport, play, seats_busy_headline
+from viz.app.headlines import run_headline
+from viz.app.playback import Transport, play
 from viz.app.trace_files import exports, uploaded_players
 from viz.colors import DECODE, PREFILL
 from viz.player import TracePlayer
+from viz.targets import player_of
 
 MY_SCHEDULER_FILE = Path(__file__).parent.parent / "lessons" / "exercises" / "lesson04_continuous.py"
 NOT_IMPLEMENTED = "my scheduler is not implemented yet: open lessons/04_continuous_batching.ipynb"
@@ -34,8 +40,12 @@ SCHEDULES = {  # choice -> the schedulers shown, left to right
     "continuous": ["continuous"],
     "my scheduler": ["mine"],
     "my scheduler vs continuous": ["mine", "continuous"],
+    "continuous vs deadline": ["continuous", "deadline"],  # who goes first (layers/policies.py), on the mixed crowd
+    "continuous vs priority": ["continuous", "priority"],
 }
-TITLES = {"static": "static batching", "continuous": "continuous batching", "mine": "my scheduler"}
+WHO_GOES_FIRST = {"deadline": "continuous vs deadline", "priority": "continuous vs priority"}  # ?policy=deadline
+TITLES = {"static": "static batching", "continuous": "continuous batching", "mine": "my scheduler",
+          "deadline": "deadline policy", "priority": "priority policy"}  # fmt: skip
 RATES = [0.05, 0.1, 0.25, 0.5, 1.0, 2.0, 4.0, 1000.0]  # mean arrivals per step
 MAX_SEATS, DEFAULT_SEATS = 16, 8  # the seats slider (the seed story's default: SEED_STORY_SLOTS)
 DEFAULT_KNOBS = {"requests": 32, "rate": 0.5, "mean_reply": 80, "spread": 1.0}  # a crowd's sliders, untouched
@@ -46,8 +56,11 @@ CONSTRAINED_HELP = (
 )
 WORKLOAD_HELP = (
     "seed-story: the lessons' 8 users. system-prompt: users share long system prompts (try prefix caching). "
-    "long-prompts: some users paste long texts (try a small token budget)."
+    "long-prompts: some users paste long texts (try a small token budget). mixed: chat users with a TTFT target "
+    "and batch jobs with a deadline (try continuous vs deadline)."
 )
+MIXED_ONLY = ("Only the mixed crowd's requests carry a class and targets (chat users, batch jobs): pick the workload "
+              "mixed to see who met them.")  # fmt: skip
 
 
 # --- running the engine (cached: it runs once per configuration) -------------------------------
@@ -92,7 +105,7 @@ def cached_trace(scheduler: str, source: str, device: str, settings: str) -> Tra
 @st.cache_resource(max_entries=8, show_spinner=False)
 def cached_player(_trace: Trace, run_key: str, width: int, text_px: int, height: int | None, axis_steps: int
                   ) -> TracePlayer:  # fmt: skip
-    return TracePlayer(_trace, width, axis_steps, text_px=text_px, height=height)
+    return player_of(_trace, width, axis_steps, text_px=text_px, height=height)
 
 
 def trace_for(scheduler: str, settings: dict, device: str) -> tuple[Trace, str]:
@@ -107,7 +120,9 @@ def sidebar(where=None) -> tuple[dict, str, str]:
     """Settings of the run (the cache key), the device and which schedulers to show."""
     bar = presenter.settings("settings: workload, seats, KV, schedulers", where, "settings")
     presenter.heading(bar, "Workload")
-    workload = bar.selectbox("workload", WORKLOADS, key="workload", help=WORKLOAD_HELP)
+    policy = WHO_GOES_FIRST.get(st.query_params.get("policy", ""))  # (a link opens on it, with the mixed crowd)
+    workload = bar.selectbox("workload", WORKLOADS, WORKLOADS.index("mixed") if policy else 0, key="workload",
+                             help=WORKLOAD_HELP)  # fmt: skip
     knobs, seed = None, 0
     if workload != "seed-story":
         default = DEFAULT_KNOBS
@@ -149,7 +164,8 @@ def sidebar(where=None) -> tuple[dict, str, str]:
     device = bar.radio("device", devices, horizontal=True, key="device") if len(devices) > 1 else "cpu"
     presenter.heading(bar, "View")
     views, (fleet, router) = [*SCHEDULES, *fleet_view.CHOICES], fleet_view.linked()  # (?fleet=pair: a link)
-    schedule = bar.radio("scheduler", views, views.index(fleet) if fleet else 0, key="schedule")
+    first = views.index(fleet or policy) if fleet or policy else 0
+    schedule = bar.radio("scheduler", views, first, key="schedule", on_change=mixed_crowd_first)
     if schedule == fleet_view.REPLICAS:
         routers = list(fleet_view.ROUTERS)
         router = bar.selectbox("router", routers, routers.index(router), key="route", help=fleet_view.ROUTER_HELP)
@@ -160,6 +176,14 @@ def sidebar(where=None) -> tuple[dict, str, str]:
     if constrained:  # (only when on: the settings are the runs' keys on disk, and those without it stay valid)
         settings["constrained"] = True
     return settings, device, schedule
+
+
+def mixed_crowd_first() -> None:
+    """Picking a who-goes-first view on the seed story (the settings' default) brings the mixed crowd, whose
+    requests carry classes and targets."""
+    state = st.session_state
+    if state.get("schedule") in WHO_GOES_FIRST.values() and state.get("workload", "seed-story") == "seed-story":
+        state["workload"] = "mixed"
 
 
 # --- the view -------------------------------------------------------------------------------------
@@ -196,7 +220,7 @@ HOW_TO_READ = (
 def comparison(players: list[tuple[str, TracePlayer]], row=None) -> None:
     """The headline of a side-by-side view, over the whole run; how to read the charts and the articles' figures
     (the seed story) behind its "why?"."""
-    seats_busy_headline(players, f"{HOW_TO_READ} {story_moment(players)}".strip(), row)
+    run_headline(players, f"{HOW_TO_READ} {story_moment(players)}".strip(), row)
 
 
 def live_players(settings: dict, device: str, schedule: str) -> list[tuple[str, TracePlayer]]:
@@ -234,6 +258,8 @@ def show() -> None:
         fleet_view.show(settings, device, schedule, transport, [trace_at, *headline_at], lambda: cached_model(device),
                         one_engine)  # fmt: skip
         return
+    if schedule in WHO_GOES_FIRST.values() and settings["workload"] != "mixed":
+        st.caption(MIXED_ONLY)
     players = uploaded_players() or live_players(settings, device, schedule)
     exports(players, trace_at)
     if players:

@@ -13,6 +13,7 @@ from minillm.layers.trace import Trace
 from minillm.runs import trace_file
 from viz.app import presenter
 from viz.player import TracePlayer
+from viz.targets import player_of
 
 
 @st.cache_resource(max_entries=2, show_spinner="Reading the trace…")
@@ -21,14 +22,14 @@ def cached_upload(data: bytes, width: int, text_px: int, height: int | None) -> 
     if isinstance(trace, str):
         return trace
     seconds = trace.steps[-1].time_s if trace.config.get("clock") == "simulated" else None
-    return TracePlayer(trace, width, axis_seconds=seconds, text_px=text_px, height=height)
+    return player_of(trace, width, axis_seconds=seconds, text_px=text_px, height=height)
 
 
 def load_uploaded_trace(data: bytes) -> Trace | str:
     """A trace from an uploaded file, or the one-line reason it is not a valid minillm trace."""
     try:
         trace = trace_file.loads(data)
-        TracePlayer(trace, 400).frame(0)  # valid on paper is not enough: it must also draw
+        player_of(trace, 400).frame(0)  # valid on paper is not enough: it must also draw
         return trace
     except trace_file.TraceError as e:
         return str(e)

@@ -34,7 +34,8 @@ from minillm.card.roofline import KV_BYTES, WEIGHT_BYTES
 from minillm.card.tensor_parallel import rank_spec
 from minillm.errors import MinillmError
 from viz.app import crowd, fleet_cards, multicard, presenter
-from viz.app.playback import WHY_LABEL, png_html
+from viz.app.headlines import WHY_LABEL
+from viz.app.playback import png_html
 from viz.card import (
     BLOCK,
     plot_comm_share_by_tp,
