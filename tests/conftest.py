@@ -114,6 +114,7 @@ LESSON_NOTEBOOKS = {
     "12": "12_tensor_parallel.ipynb",
     "13": "13_fleet.ipynb",
     "14": "14_output_that_obeys.ipynb",
+    "15": "15_who_goes_first.ipynb",
 }
 
 
