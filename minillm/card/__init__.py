@@ -3,6 +3,10 @@ and this machine, measured and predicted the same way.
 
 hardware.py    the cards (memory, bandwidth, dense FLOP/s, each with its source), the links between them, this machine
 modelspec.py   a model's shape from its Hugging Face config.json (models/ holds a few)
+families.py    the fields each family names experts, latent attention and sliding windows with (MoE, MLA, Gemma 3)
+model_bytes.py what the weights and the KV weigh: in memory, streamed by a step, per token and per user
+experts.py     a mixture of experts batched: the experts a step's tokens touch, E (1 - (1 - k/E)^B)
+kv_layout.py   the KV per layer: per kv head, a latent (MLA), or a sliding window that stops growing
 roofline.py    the bound on one engine step (bytes and FLOPs, the larger), and how many users' KV fits
 enginecost.py  a serving engine's step on a card: the roofline kernel by kernel (what run --simulate charges)
 tensor_parallel.py  one model split over several cards: a card's share of the step, plus the all-reduces

@@ -25,7 +25,7 @@ from dataclasses import dataclass
 
 from minillm.card.hardware import Device
 from minillm.card.modelspec import ModelSpec
-from minillm.card.roofline import SERVING_ENGINE, Kernels, _per_model, compute_dtype, tally
+from minillm.card.roofline import SERVING_ENGINE, Kernels, _per_model, compute_dtype
 
 # Share of dense peak FLOP/s that real prefill-sized work reaches, by the dtype it multiplies in:
 # - 16-bit: FlashAttention-2 (Dao, 2023, abstract): GPT training end to end at up to 225 TFLOP/s per A100,
@@ -54,21 +54,19 @@ def engine_step(spec: ModelSpec, device: Device, rows, dtype="bf16", kv_dtype="b
                 ) -> EngineStep:  # fmt: skip
     """Predicted seconds of one serving-engine step. rows: one (new_tokens, cached_before) per row, as for
     roofline.step_cost (which this never undercuts: it is the bound)."""
-    streamed, embedding_row, f_token, f_row, f_key, a_token, a_row, kv, peak, overhead = _per_model(
-        spec, device, dtype, kv_dtype, kernels
-    )
-    n_rows, tokens, cached, keys = tally(rows)
+    pm = _per_model(spec, device, dtype, kv_dtype, kernels)
+    n_rows, tokens, streamed, kv_read, kv_write, attention_flops = pm.moved(rows, kernels.kv_passes)
     bandwidth = device.bandwidth * device.efficiency
-    matmul_bytes = streamed + (embedding_row + a_token) * tokens + a_row * n_rows
-    matmul_flops = f_token * tokens + f_row * n_rows
+    matmul_bytes = streamed + (pm.embedding_row + pm.act_token) * tokens + pm.act_row * n_rows
+    matmul_flops = pm.flops_token * tokens + pm.flops_row * n_rows
     matmul_memory = matmul_bytes / bandwidth
     share = lambda dtype: 1.0 if device.achieved else COMPUTE_EFFICIENCY[dtype]  # measured rates: already achieved
-    matmul_compute = matmul_flops / (peak * share(compute_dtype(dtype, device)))
-    attention_memory = (kernels.kv_passes * kv * cached + kv * tokens) / bandwidth
+    matmul_compute = matmul_flops / (pm.peak * share(compute_dtype(dtype, device)))
+    attention_memory = (kv_read + kv_write) / bandwidth
     sixteen = "fp32" if dtype == "fp32" else "bf16"
-    attention_compute = f_key * keys / (device.peak_flops(sixteen) * share(sixteen))
+    attention_compute = attention_flops / (device.peak_flops(sixteen) * share(sixteen))
     bound = lambda memory, compute: "memory" if memory >= compute else "compute"
-    return EngineStep(max(matmul_memory, matmul_compute), max(attention_memory, attention_compute), overhead,
+    return EngineStep(max(matmul_memory, matmul_compute), max(attention_memory, attention_compute), pm.overhead,
                       bound(matmul_memory, matmul_compute), bound(attention_memory, attention_compute))  # fmt: skip
 
 

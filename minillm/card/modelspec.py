@@ -12,6 +12,16 @@ parameters, which is all a parameter count needs:
                 final RMSNorm             hidden
                 lm_head                   vocab x hidden, unless tied to the embedding
 
+The models people run now change three of those lines (families.py reads each from its family's fields):
+
+    experts     some layers' MLP is E routed experts (each a SwiGLU of expert_intermediate) and a router
+                (E x hidden); each token runs k of them, plus any shared experts: a token multiplies through k,
+                the checkpoint holds E (DeepSeek-V3: 671 B parameters, 37 B of them used by any one token)
+    latent      DeepSeek's multi-head latent attention: q through a low-rank latent (hidden x q_lora_rank, then
+                q_lora_rank x heads x (nope + rope)); keys and values through one shared latent (hidden x
+                (kv_lora_rank + rope), then kv_lora_rank x heads x (nope + v)); o: heads x v x hidden
+    windows     some layers see only the last sliding_window tokens: the same weights, less KV (kv_layout.py)
+
 `load_spec("llama-3.1-8b")` reads a shipped file from minillm/card/models/; any other config.json
 works by path. Fields follow the config: head_dim, when missing, is hidden_size / heads.
 """
@@ -22,6 +32,7 @@ import json
 from dataclasses import dataclass
 from pathlib import Path
 
+from minillm.card.families import QK_NORM, family_fields, flatten, whole_number
 from minillm.errors import ConfigError
 
 MODELS_DIR = Path(__file__).parent / "models"
@@ -44,7 +55,23 @@ class ModelSpec:
     mlp_bias: bool = False
     qk_norm: bool = False  # Qwen3: RMSNorm over each head's query and key
     max_context: int | None = None  # max_position_embeddings
-    sliding_window: int | None = None  # Mistral-7B-v0.1: 4096 (the cost model treats attention as full)
+    sliding_window: int | None = None  # tokens a local layer sees (Mistral-7B-v0.1: 4096, priced as full: families.py)
+    window_layers: int = 0  # layers that keep only the last sliding_window tokens (Gemma-3-27B: 52 of 62)
+    norms_per_layer: int = 2  # RMSNorm weights of hidden per layer (Gemma: 4)
+    attention_sinks: bool = False  # gpt-oss: one learned logit per head and layer
+    # mixture of experts (experts = 0: every layer's MLP is dense, of `intermediate`)
+    experts: int = 0  # E routed experts per MoE layer
+    experts_per_token: int = 0  # k: the router picks k of the E for each token
+    shared_experts: int = 0  # experts every token runs (DeepSeek-V3: 1)
+    expert_intermediate: int = 0  # one expert's SwiGLU width
+    moe_layers: int = 0  # layers whose MLP is experts; the other layers' is dense, of `intermediate`
+    router_bias: bool = False  # a bias per expert on the router (gpt-oss; DeepSeek-V3's correction bias)
+    # multi-head latent attention (kv_lora_rank = 0: keys and values cached per kv head)
+    kv_lora_rank: int = 0  # the cached latent's width per layer (DeepSeek-V3: 512)
+    q_lora_rank: int = 0  # the query's latent (0: queries straight from the residual)
+    qk_rope_head_dim: int = 0  # each key's rotary part, cached beside the latent (64); head_dim = nope + rope
+    qk_nope_head_dim: int = 0
+    v_head_dim: int = 0
 
     # --- parameters, by where they sit ---------------------------------------------------------------
     @property
@@ -56,18 +83,74 @@ class ModelSpec:
         return self.kv_heads * self.head_dim
 
     @property
+    def latent(self) -> bool:
+        return self.kv_lora_rank > 0
+
+    @property
+    def dense_layers(self) -> int:
+        return self.layers - self.moe_layers
+
+    @property
+    def attention_params(self) -> int:
+        """Matrices of one layer's attention: q, k, v, o (latent: the down- and up-projections of q and of k/v)."""
+        if not self.latent:
+            return self.hidden * (self.q_dim + 2 * self.kv_dim) + self.q_dim * self.hidden
+        q_out = self.heads * (self.qk_nope_head_dim + self.qk_rope_head_dim)
+        q = self.hidden * self.q_lora_rank + self.q_lora_rank * q_out if self.q_lora_rank else self.hidden * q_out
+        kv = self.hidden * (self.kv_lora_rank + self.qk_rope_head_dim)
+        kv += self.kv_lora_rank * self.heads * (self.qk_nope_head_dim + self.v_head_dim)
+        return q + kv + self.heads * self.v_head_dim * self.hidden
+
+    @property
+    def expert_params(self) -> int:
+        """One expert's gate, up and down matrices in one layer."""
+        return 3 * self.hidden * self.expert_intermediate
+
+    @property
+    def expert_bias_params(self) -> int:
+        return (2 * self.expert_intermediate + self.hidden) * self.mlp_bias
+
+    @property
     def layer_matmul_params(self) -> int:
-        """Weights one token multiplies through in one layer: the four attention and three MLP matrices."""
-        attention = self.hidden * (self.q_dim + 2 * self.kv_dim) + self.q_dim * self.hidden
-        return attention + 3 * self.hidden * self.intermediate
+        """Weights one token multiplies through in one dense layer: the four attention and three MLP matrices."""
+        return self.attention_params + 3 * self.hidden * self.intermediate
+
+    @property
+    def moe_layer_matmul_params(self) -> int:
+        """Matrices one MoE layer holds: attention, every expert (routed and shared) and the router."""
+        return self.attention_params + (self.experts + self.shared_experts) * self.expert_params + self.router_params
+
+    @property
+    def router_params(self) -> int:
+        return self.experts * self.hidden
+
+    @property
+    def matmul_params(self) -> int:
+        """Every layer's matrices, every expert's included: what the weights' dtype applies to."""
+        return self.dense_layers * self.layer_matmul_params + self.moe_layers * self.moe_layer_matmul_params
+
+    @property
+    def active_matmul_params(self) -> int:
+        """The matrices one token multiplies through, over all layers: 2 FLOPs each."""
+        unpicked = self.moe_layers * (self.experts - self.experts_per_token) * self.expert_params
+        return self.matmul_params - unpicked
 
     @property
     def layer_small_params(self) -> int:
-        """Biases and norm weights of one layer: read, never multiplied through."""
+        """Biases and norm weights of one dense layer: read, never multiplied through."""
         n = 2 * self.hidden  # input and post-attention RMSNorm
         n += (self.q_dim + 2 * self.kv_dim) * self.qkv_bias + self.hidden * self.o_bias
         n += (2 * self.intermediate + self.hidden) * self.mlp_bias
         return n + 2 * self.head_dim * self.qk_norm
+
+    @property
+    def small_params(self) -> int:
+        """Biases and norm weights of all layers (and the experts' and the router's biases)."""
+        extra = (self.norms_per_layer - 2) * self.hidden + self.q_lora_rank + self.kv_lora_rank  # Gemma; MLA's norms
+        extra += self.heads * self.attention_sinks
+        dense_mlp_bias = (2 * self.intermediate + self.hidden) * self.mlp_bias  # (layer_small_params counts it)
+        moe = self.experts * (self.expert_bias_params + self.router_bias) - dense_mlp_bias  # an MoE layer's instead
+        return self.layers * (self.layer_small_params + extra) + self.moe_layers * moe
 
     @property
     def embedding_params(self) -> int:
@@ -81,25 +164,20 @@ class ModelSpec:
     @property
     def num_parameters(self) -> int:
         """Exact parameter count, as the checkpoint stores them."""
-        per_layer = self.layer_matmul_params + self.layer_small_params
-        return self.layers * per_layer + self.embedding_params + self.lm_head_params + self.hidden
+        return self.matmul_params + self.small_params + self.embedding_params + self.lm_head_params + self.hidden
 
-
-def whole_number(config: dict, key: str, name: str, default=None) -> int | None:
-    """A config field that must be a whole number: JSON's 4096 or 4096.0, never "4096" (text), 4096.7 or true."""
-    value = config.get(key, default)
-    if value is None:
-        return None
-    if isinstance(value, bool) or not isinstance(value, int | float):
-        shown = f"{value!r} ({type(value).__name__})"
-        raise ConfigError(f"config for {name!r}: {key} must be a number, got {shown}; write it without quotes")
-    if isinstance(value, float) and not value.is_integer():
-        raise ConfigError(f"config for {name!r}: {key} must be a whole number, got {value}")
-    return int(value)
+    @property
+    def active_parameters(self) -> int:
+        """Parameters one token uses: all but the routed experts its router did not pick (the embedding table counted
+        whole, as Mistral, Qwen and DeepSeek count "activated" parameters)."""
+        unpicked = self.experts - self.experts_per_token
+        return self.num_parameters - self.moe_layers * unpicked * (self.expert_params + self.expert_bias_params)
 
 
 def spec_from_config(config: dict, name: str) -> ModelSpec:
-    """A ModelSpec from a Hugging Face config.json's fields (Llama, Mistral, Qwen2, Qwen3)."""
+    """A ModelSpec from a Hugging Face config.json's fields (Llama, Mistral, Qwen2, Qwen3; and the families.py reads:
+    Mixtral, Qwen3-MoE, DeepSeek-V2/V3, gpt-oss, Gemma 3)."""
+    config = flatten(config)
     missing = [k for k in REQUIRED if k not in config]
     if missing:
         raise ConfigError(f"config for {name!r} lacks {missing}; a Llama-style config.json has {list(REQUIRED)}")
@@ -124,6 +202,9 @@ def spec_from_config(config: dict, name: str) -> ModelSpec:
     window = whole_number(config, "sliding_window", name) if config.get("use_sliding_window", True) else None
     kind = config.get("model_type", "llama")
     attention_bias = bool(config.get("attention_bias", False))
+    extra = family_fields(config, name, sizes["num_hidden_layers"], sizes["intermediate_size"],
+                          window if window and window > 0 else None)  # fmt: skip
+    head_dim = extra.pop("head_dim", head_dim)  # latent attention: a query/key head is nope + rope wide
     return ModelSpec(
         name=name,
         hidden=hidden,
@@ -136,10 +217,11 @@ def spec_from_config(config: dict, name: str) -> ModelSpec:
         tied_embeddings=bool(config.get("tie_word_embeddings", False)),
         qkv_bias=kind == "qwen2" or attention_bias,  # Qwen2 always has q/k/v biases (no config field)
         o_bias=attention_bias and kind != "qwen2",
-        mlp_bias=bool(config.get("mlp_bias", False)),
-        qk_norm=kind == "qwen3",
+        mlp_bias=bool(config.get("mlp_bias", kind == "gpt_oss")),  # gpt-oss' experts carry biases (no field says so)
+        qk_norm=kind in QK_NORM,
         max_context=max_context if max_context and max_context > 0 else None,
         sliding_window=window if window and window > 0 else None,
+        **extra,
     )
 
 

@@ -15,6 +15,10 @@ Which side of the max wins is the whole story of serving:
 
 The same formula prices a prefill chunk (many new tokens, one row): it multiplies the weights
 by every token at once, so it is compute-bound from a few hundred tokens on.
+
+The models people run now bend three of those terms (modelspec.py reads them): a mixture of experts streams only
+the experts its tokens picked, more as the batch grows (experts.py); latent attention caches a small latent per
+token instead of every kv head's keys and values; a sliding-window layer reads and keeps only its window (kv_layout.py).
 Plain Python arithmetic, no torch: a simulated engine calls `step_cost` once per step.
 """
 
@@ -22,14 +26,23 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 from functools import lru_cache
+from typing import NamedTuple
 
+from minillm.card import kv_layout
+from minillm.card.experts import expected_experts, expert_slot_bytes
 from minillm.card.hardware import Device
+from minillm.card.model_bytes import (  # what the weights and the KV weigh (re-exported: callers import them here)
+    KV_BYTES,
+    WEIGHT_BYTES,
+    check_dtypes,
+    kv_bytes_per_token,
+    kv_bytes_per_user,
+    streamed_weight_bytes,
+    weight_bytes,
+)
 from minillm.card.modelspec import ModelSpec
 from minillm.errors import ConfigError
 
-# Bytes per weight. int4: 4 bits plus one fp16 scale per group of 128 weights (AWQ / GPTQ's layout).
-WEIGHT_BYTES = {"fp32": 4.0, "bf16": 2.0, "fp16": 2.0, "fp8": 1.0, "int4": 0.5 + 2 / 128}
-KV_BYTES = {"bf16": 2, "fp16": 2, "fp8": 1, "fp32": 4}  # fp32: minillm's own cache (kv_cache.py)
 LOGIT_BYTES = 4  # logits come out in fp32 for sampling
 
 # The KV ceiling's activation reserve: room for the live activations of one step of this many
@@ -62,7 +75,7 @@ class StepCost:
     rows: int
     tokens: int
     flops: float
-    weight_bytes: float  # every weight once per step, whatever the batch: the reason batching pays
+    weight_bytes: float  # every weight once per step, whatever the batch: the reason batching pays (MoE: touched)
     kv_read_bytes: float  # each row's cached keys and values
     kv_write_bytes: float  # the new tokens' keys and values
     activation_bytes: float  # matmul inputs and outputs, and the logits
@@ -85,13 +98,6 @@ class StepCost:
         return self.flops / self.bytes
 
 
-def check_dtypes(dtype: str, kv_dtype: str) -> None:
-    if dtype not in WEIGHT_BYTES:
-        raise ConfigError(f"unknown weight dtype {dtype!r}; choose from {', '.join(WEIGHT_BYTES)}")
-    if kv_dtype not in KV_BYTES:
-        raise ConfigError(f"unknown KV cache dtype {kv_dtype!r}; choose from {', '.join(KV_BYTES)}")
-
-
 def compute_dtype(dtype: str, device: Device) -> str:
     """The dtype the matmuls run in: fp8 needs fp8 tensor cores (Ada, Hopper), else the weights are
     widened to bf16 in the kernel; int4 is always weight-only (dequantized to fp16 on the fly)."""
@@ -100,48 +106,58 @@ def compute_dtype(dtype: str, device: Device) -> str:
     return "fp16" if dtype == "int4" else dtype
 
 
-def weight_bytes(spec: ModelSpec, dtype: str = "bf16") -> float:
-    """Bytes of all weights. fp8 and int4 quantize the layers' matrices; embeddings, lm_head, norms and
-    biases stay in bf16, as quantized checkpoints usually keep them."""
-    check_dtypes(dtype, "bf16")
-    other = 4 if dtype == "fp32" else 2
-    matrices = spec.layers * spec.layer_matmul_params
-    rest = spec.num_parameters - matrices
-    return matrices * WEIGHT_BYTES[dtype] + rest * other
+class PerModel(NamedTuple):
+    """Everything in a step's cost that depends on the model, card and dtypes only (computed once)."""
 
+    streamed: float  # weights every step reads (all but the routed experts: those are per expert touched)
+    expert_slot: float  # bytes of one routed expert over all MoE layers (0: dense)
+    embedding_row: float  # one token's row of the embedding table
+    flops_token: float  # matmul FLOPs per token (the experts it picked only)
+    flops_row: float  # lm_head at each row's last token
+    flops_key: float  # attention FLOPs per (query, key) pair in the full-attention layers
+    flops_key_window: float  # the same in the sliding-window layers
+    act_token: float  # matmul inputs and outputs per token
+    act_row: float  # logits per row
+    kv: float  # one token's KV in the full-attention layers
+    kv_window: float  # in the sliding-window layers
+    peak: float
+    overhead: float
+    spec: ModelSpec
 
-def streamed_weight_bytes(spec: ModelSpec, dtype: str = "bf16") -> float:
-    """Bytes of weights a decode step streams: all of them but the embedding table, which is looked up (one row
-    per token, counted with the tokens) unless it is tied to lm_head, which multiplies through all of it.
-    Memory holds weight_bytes; bandwidth / this is one user's speed ceiling."""
-    act = 4 if dtype == "fp32" else 2
-    return weight_bytes(spec, dtype) - (0 if spec.tied_embeddings else spec.embedding_params * act)
-
-
-def kv_bytes_per_token(spec: ModelSpec, kv_dtype: str = "bf16") -> int:
-    """One token's KV: a key and a value (the 2), per layer, per kv head (GQA: not per query head)."""
-    check_dtypes("bf16", kv_dtype)
-    return 2 * spec.layers * spec.kv_heads * spec.head_dim * KV_BYTES[kv_dtype]
+    def moved(self, rows, passes: int = 1) -> tuple:
+        """A step's (rows, tokens, weight bytes, KV read, KV written, attention FLOPs): the part that depends on which
+        experts the tokens touch and how far back each layer looks."""
+        n_rows, tokens, cached, keys = tally(rows)
+        weights, spec = self.streamed, self.spec  # (the embedding rows looked up: the callers add them)
+        if spec.experts:
+            weights += self.expert_slot * expected_experts(spec.experts, spec.experts_per_token, tokens)
+        kv_read, attention = passes * self.kv * cached, self.flops_key * keys
+        if spec.window_layers:
+            cached_w, keys_w = kv_layout.window_tally(rows, spec.sliding_window)
+            kv_read += passes * self.kv_window * cached_w
+            attention += self.flops_key_window * keys_w
+        return n_rows, tokens, weights, kv_read, (self.kv + self.kv_window) * tokens, attention
 
 
 @lru_cache(maxsize=256)
-def _per_model(spec: ModelSpec, device: Device, dtype: str, kv_dtype: str, kernels: Kernels) -> tuple:
-    """Everything in a step's cost that depends on the model, card and dtypes only (computed once)."""
+def _per_model(spec: ModelSpec, device: Device, dtype: str, kv_dtype: str, kernels: Kernels) -> PerModel:
     check_dtypes(dtype, kv_dtype)
     act = 4 if dtype == "fp32" else 2
-    embedding_row = spec.hidden * act
-    streamed = streamed_weight_bytes(spec, dtype)  # the embedding table is looked up: one row per token
-    per_token_flops = 2 * spec.layers * spec.layer_matmul_params
-    per_row_flops = 2 * spec.vocab * spec.hidden  # lm_head at each row's last token only
-    per_key_flops = 4 * spec.layers * spec.heads * spec.head_dim  # q.k and p.v, per query head
-    # Every matmul reads its input and writes its output (norms, RoPE, SiLU are fused in a serving engine).
-    per_token_act = act * spec.layers * (4 * spec.hidden + 2 * spec.q_dim + 2 * spec.kv_dim + 3 * spec.intermediate)
-    per_row_act = spec.vocab * LOGIT_BYTES
-    kv = kv_bytes_per_token(spec, kv_dtype)
+    slot = expert_slot_bytes(spec, WEIGHT_BYTES[dtype], act)
+    streamed = streamed_weight_bytes(spec, dtype) - spec.experts * slot  # the embedding table is looked up
+    per_key = kv_layout.attention_flops_per_key(spec)  # q.k and p.v, per query head
+    full_layers = spec.layers - spec.window_layers
+    # Every matmul reads its input and writes its output (norms, RoPE, SiLU are fused in a serving engine); an MoE
+    # layer's MLP is as wide as the experts a token runs.
+    mlp = spec.dense_layers * spec.intermediate + spec.moe_layers * (
+        (spec.experts_per_token + spec.shared_experts) * spec.expert_intermediate)  # fmt: skip
+    per_token_act = act * (spec.layers * (4 * spec.hidden + 2 * spec.q_dim + 2 * spec.kv_dim) + 3 * mlp)
+    kv_layer = kv_layout.kv_values_per_layer(spec) * KV_BYTES[kv_dtype]
     peak = device.peak_flops(compute_dtype(dtype, device))
     overhead = (kernels.per_layer * spec.layers + kernels.per_step) * device.launch_s
-    return (streamed, embedding_row, per_token_flops, per_row_flops, per_key_flops, per_token_act, per_row_act,
-            kv, peak, overhead)  # fmt: skip
+    return PerModel(streamed, slot, spec.hidden * act, 2 * spec.active_matmul_params, 2 * spec.vocab * spec.hidden,
+                    full_layers * per_key, spec.window_layers * per_key, per_token_act, spec.vocab * LOGIT_BYTES,
+                    full_layers * kv_layer, spec.window_layers * kv_layer, peak, overhead, spec)  # fmt: skip
 
 
 def tally(rows) -> tuple[int, int, int, int]:
@@ -168,19 +184,15 @@ def step_cost(
 ) -> StepCost:
     """Cost of ONE engine step. `rows`: one (new_tokens, cached_tokens_before) per row: a decode row is
     (1, context), a prefill chunk (chunk_len, tokens already cached). Logits only at each row's last token."""
-    streamed, embedding_row, f_token, f_row, f_key, a_token, a_row, kv, peak, overhead = _per_model(
-        spec, device, dtype, kv_dtype, kernels
-    )
-    n_rows, tokens, cached, keys = tally(rows)
-    flops = f_token * tokens + f_row * n_rows + f_key * keys
-    weights = streamed + embedding_row * tokens
-    kv_read = kernels.kv_passes * kv * cached
-    kv_write = kv * tokens
-    activations = a_token * tokens + a_row * n_rows
+    pm = _per_model(spec, device, dtype, kv_dtype, kernels)
+    n_rows, tokens, streamed, kv_read, kv_write, attention = pm.moved(rows, kernels.kv_passes)
+    weights = streamed + pm.embedding_row * tokens
+    flops = pm.flops_token * tokens + pm.flops_row * n_rows + attention
+    activations = pm.act_token * tokens + pm.act_row * n_rows
     memory_s = (weights + kv_read + kv_write + activations) / device.bandwidth
-    compute_s = flops / peak
-    time_s = max(memory_s, compute_s) / device.efficiency + overhead
-    return StepCost(n_rows, tokens, flops, weights, kv_read, kv_write, activations, memory_s, compute_s, overhead,
+    compute_s = flops / pm.peak
+    time_s = max(memory_s, compute_s) / device.efficiency + pm.overhead
+    return StepCost(n_rows, tokens, flops, weights, kv_read, kv_write, activations, memory_s, compute_s, pm.overhead,
                     time_s)  # fmt: skip
 
 
@@ -202,7 +214,10 @@ def ridge_batch(spec: ModelSpec, device: Device, context: int = 0, dtype="bf16",
 
     Both grow linearly with the batch: memory = weights + batch x (KV and activations per row),
     compute = batch x FLOPs per row. None when a row's KV costs more time than its maths: then
-    decode stays memory-bound at any batch (long contexts)."""
+    decode stays memory-bound at any batch (long contexts). A mixture of experts' memory is not linear (each new row
+    brings in experts nobody had picked): there, the smallest whole batch that is compute-bound, found by halving."""
+    if spec.experts:
+        return _first_compute_bound(spec, device, context, dtype, kv_dtype)
     one, two = (decode_cost(spec, device, batch, context, dtype, kv_dtype) for batch in (1, 2))
     memory_per_row, compute_per_row = two.memory_s - one.memory_s, two.compute_s - one.compute_s
     fixed_memory = one.memory_s - memory_per_row  # the weights: paid once per step
@@ -211,13 +226,30 @@ def ridge_batch(spec: ModelSpec, device: Device, context: int = 0, dtype="bf16",
     return fixed_memory / (compute_per_row - memory_per_row)
 
 
+def _first_compute_bound(spec, device, context, dtype, kv_dtype, most: int = 2**14) -> float | None:
+    bound = lambda batch: (lambda c: c.compute_s >= c.memory_s)(decode_cost(spec, device, batch, context, dtype,
+                                                                            kv_dtype))  # fmt: skip
+    high = 1
+    while not bound(high):
+        if high >= most:
+            return None
+        high *= 2
+    low = high // 2  # memory-bound (or 0)
+    while high - low > 1:
+        middle = (low + high) // 2
+        low, high = (low, middle) if bound(middle) else (middle, high)
+    return float(high)
+
+
 # --- the KV ceiling ------------------------------------------------------------------------------------
 def activation_reserve_bytes(spec: ModelSpec, dtype: str = "bf16") -> float:
     """Memory kept free for a step's transient tensors: the biggest live set of one layer over
     RESERVE_TOKENS tokens (in the MLP: residual, normed input, gate and up, SiLU x up), plus fp32
     logits for RESERVE_ROWS rows. vLLM measures this by running a dummy step; we count it."""
     act = 4 if dtype == "fp32" else 2
-    mlp = 2 * spec.hidden + 3 * spec.intermediate
+    width = spec.intermediate if spec.dense_layers else 0  # an MoE layer's: the experts each token runs
+    width = max(width, (spec.experts_per_token + spec.shared_experts) * spec.expert_intermediate)
+    mlp = 2 * spec.hidden + 3 * width
     attention = 2 * spec.hidden + 2 * spec.q_dim + 2 * spec.kv_dim
     return RESERVE_TOKENS * act * max(mlp, attention) + RESERVE_ROWS * spec.vocab * LOGIT_BYTES
 
@@ -233,7 +265,9 @@ def free_kv_bytes(spec: ModelSpec, device: Device, dtype="bf16", utilization: fl
 
 
 def kv_blocks(spec, device, dtype="bf16", kv_dtype="bf16", block_size: int = 16, utilization: float = 0.9) -> int:
-    """Blocks of `block_size` tokens that fit in the free KV memory (how a paged engine sizes its pool)."""
+    """Blocks of `block_size` tokens that fit in the free KV memory (how a paged engine sizes its pool). A block holds
+    its tokens in every layer: a sliding-window layer's past its window too (the simulated pool keeps them, as an
+    engine without a hybrid allocator does; max_users counts only the window)."""
     if block_size < 1:
         raise ConfigError(f"block_size must be at least 1, got {block_size}")
     free = free_kv_bytes(spec, device, dtype, utilization)
@@ -244,6 +278,9 @@ def max_users(spec, device, context: int, dtype="bf16", kv_dtype="bf16", block_s
     """Users that fit when each holds `context` tokens of KV (in whole blocks)."""
     if context < 1:
         raise ConfigError(f"context must be at least 1 token, got {context}")
+    if spec.window_layers:  # sliding-window layers stop growing at their window
+        free = free_kv_bytes(spec, device, dtype, utilization)
+        return max(0, int(free // kv_bytes_per_user(spec, context, kv_dtype, block_size)))
     blocks_each = -(-context // block_size)
     return kv_blocks(spec, device, dtype, kv_dtype, block_size, utilization) // blocks_each
 
@@ -252,4 +289,8 @@ def max_context(spec, device, users: int, dtype="bf16", kv_dtype="bf16", block_s
     """The context each of `users` users can hold when they share the KV memory evenly."""
     if users < 1:
         raise ConfigError(f"users must be at least 1, got {users}")
+    if spec.window_layers:
+        free = max(0.0, free_kv_bytes(spec, device, dtype, utilization))
+        per_layer = kv_layout.kv_values_per_layer(spec) * KV_BYTES[kv_dtype]
+        return kv_layout.context_that_fits(spec, free / users, per_layer, block_size)
     return kv_blocks(spec, device, dtype, kv_dtype, block_size, utilization) // users * block_size

@@ -19,8 +19,8 @@ import torch
 
 from minillm.card.hardware import Device
 from minillm.card.modelspec import ModelSpec
-from minillm.card.roofline import check_dtypes, kv_blocks
-from minillm.card.tensor_parallel import link_of, rank_spec, tp_step
+from minillm.card.roofline import activation_reserve_bytes, check_dtypes, free_kv_bytes, kv_blocks, weight_bytes
+from minillm.card.tensor_parallel import link_of, rank_spec, tp_choices, tp_step
 from minillm.config import EngineConfig
 from minillm.engine.packing import Batch
 from minillm.engine.paged_books import PagedKVBooks
@@ -74,9 +74,24 @@ class SimulatedRunner:
             cards = f"{self.tp} x {self.card.name}" if self.tp > 1 else self.card.name
             raise ConfigError(
                 f"{self.spec.name} in {self.dtype} does not fit on {cards} with room for any KV cache; "
-                "try --dtype int4 or fp8, or a card with more memory"
+                + (self.too_big_for_one() or "try --dtype int4 or fp8, or a card with more memory")
             )
         return blocks
+
+    def too_big_for_one(self) -> str | None:
+        """Where even int4 weights outgrow one card: how many cards it takes (tensor parallelism), and how to price
+        them. None where a smaller --dtype or a bigger card would do."""
+        smallest = weight_bytes(self.spec, "int4") + activation_reserve_bytes(self.spec, "int4")
+        usable = self.card.memory_bytes * self.utilization
+        if self.tp > 1 or smallest < usable:
+            return None
+        fit = [t for t in tp_choices(self.spec) if free_kv_bytes(rank_spec(self.spec, t), self.card, self.dtype) > 0]
+        split = (f"split it over {fit[0]} cards (tensor parallelism; `python -m minillm whatif --model "
+                 f"{self.spec.name} --gpu {self.card.name} --dtype {self.dtype} --tp {fit[0]}` prices them, "
+                 "run --simulate runs one card)" if fit else "it does not fit even split over as many cards as it has "
+                 "heads")  # fmt: skip
+        return (f"even in int4 its weights and a step's activations take {smallest / 2**30:,.0f} GiB of the card's "
+                f"usable {usable / 2**30:,.0f} GiB: {split}")  # fmt: skip
 
     def make_cache(self, cfg: EngineConfig, max_len: int) -> PagedKVBooks:
         if cfg.kv != "paged":

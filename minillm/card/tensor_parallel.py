@@ -12,6 +12,12 @@ which is exactly what the cost model charges a model 1/tp as wide in heads, kv h
 wide in hidden: `rank_spec` builds that model, and roofline.py and enginecost.py price it unchanged. At tp = 1 it
 is the model itself, and every number is the one-card number.
 
+A mixture of experts is split the same way here: every card holds 1/tp of every expert's columns (as vLLM runs MoE
+layers without --enable-expert-parallel), so a step touches as many experts on each card as on one, each 1/tp as big;
+the router stays whole on every card. Expert parallelism (whole experts per card, tokens sent to them) is not priced.
+Latent attention (MLA) splits its heads, but every card keeps the whole latent of every token (one latent serves all
+heads): its KV per card does not shrink with tp, which is why DeepSeek serves it with data-parallel attention.
+
 What one card never pays, per step:
     2 all-reduces per layer (after o_proj and after down_proj) and one after the embedding lookup (each rank looks
     up the tokens in its rows of the table), each of tokens x hidden activations;
@@ -39,13 +45,17 @@ BATCHES = tuple(2**i for i in range(13))  # 1 ... 4096: where the all-reduces' s
 
 
 def check_tp(spec: ModelSpec, tp: int) -> None:
-    """`tp` must split the query heads, the key/value heads and the MLP's columns evenly (parallel.shard's rule)."""
+    """`tp` must split the query heads, the key/value heads and the MLP's columns evenly (parallel.shard's rule);
+    a mixture of experts' experts' columns too."""
     check_split(spec.name, spec.heads, spec.kv_heads, spec.intermediate, tp, part="card")
+    if spec.experts and spec.expert_intermediate % tp:
+        raise ConfigError(f"--tp {tp} cannot split {spec.name}'s experts ({spec.expert_intermediate} columns each): "
+                          f"choose one of {', '.join(map(str, tp_choices(spec)))}")  # fmt: skip
 
 
 def tp_choices(spec: ModelSpec) -> list[int]:
     """Every tp that splits the model evenly."""
-    counts = (spec.heads, spec.kv_heads, spec.intermediate)
+    counts = (spec.heads, spec.kv_heads, spec.intermediate) + ((spec.expert_intermediate,) if spec.experts else ())
     return [d for d in range(1, spec.kv_heads + 1) if all(n % d == 0 for n in counts)]
 
 
@@ -58,7 +68,8 @@ def rank_spec(spec: ModelSpec, tp: int) -> ModelSpec:
 @lru_cache(maxsize=64)  # (a simulated run asks once a step)
 def _split(spec: ModelSpec, tp: int) -> ModelSpec:
     return replace(spec, name=f"{spec.name} (1/{tp})", heads=spec.heads // tp, kv_heads=spec.kv_heads // tp,
-                   intermediate=spec.intermediate // tp, vocab=-(-spec.vocab // tp))  # fmt: skip
+                   intermediate=spec.intermediate // tp, vocab=-(-spec.vocab // tp),
+                   expert_intermediate=spec.expert_intermediate // tp)  # fmt: skip
 
 
 def link_of(device: Device, link: str | Link | None = None) -> Link:

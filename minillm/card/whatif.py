@@ -11,7 +11,10 @@ plus what the cards send each other: the all-reduces' share of a step, at each t
 from __future__ import annotations
 
 from minillm.card import roofline
+from minillm.card.experts import experts_line
 from minillm.card.hardware import Device
+from minillm.card.kv_layout import kv_lines
+from minillm.card.model_bytes import kv_bytes_per_user, touched_weight_bytes
 from minillm.card.modelspec import ModelSpec
 from minillm.card.tensor_parallel import (
     dominated_batches,
@@ -77,6 +80,7 @@ def plan(spec: ModelSpec, device: Device, dtype="bf16", kv_dtype="bf16", context
         "weight_bytes": weights,
         "activation_reserve_bytes": roofline.activation_reserve_bytes(rank, dtype),
         "kv_bytes_per_token": roofline.kv_bytes_per_token(rank, kv_dtype),
+        "kv_bytes_per_user": kv_bytes_per_user(rank, context, kv_dtype),  # in whole blocks; windows kept short
         "free_kv_bytes": max(0.0, roofline.free_kv_bytes(rank, device, dtype)),
         "weights_fit": weights_fit,
         "max_users": users,
@@ -89,7 +93,10 @@ def plan(spec: ModelSpec, device: Device, dtype="bf16", kv_dtype="bf16", context
         "single_user_tokens_per_s": speed(1 / single),
         "bound_step_s": speed(cost.time_s + step.comm_s),  # the roofline's step: no real engine is faster
         # one user, if only the weights moved: all but the embedding table, which a step looks up
-        "bandwidth_ceiling_tokens_per_s": device.bandwidth / roofline.streamed_weight_bytes(rank, dtype),
+        # (a mixture of experts: the experts one token picked)
+        "bandwidth_ceiling_tokens_per_s": device.bandwidth / touched_weight_bytes(rank, dtype, 1),
+        "active_params": spec.active_parameters,
+        "why": why(spec, rank, dtype, kv_dtype, context, batch),
         "bound": cost.bound,
         "intensity": cost.intensity,
         "ridge_intensity": roofline.ridge_intensity(device, dtype),
@@ -109,6 +116,20 @@ def plan(spec: ModelSpec, device: Device, dtype="bf16", kv_dtype="bf16", context
         "comm_dominates": where_they_dominate(dominated) if wire else None,
         "prefill_chunk_comm_share": chunk.comm_share,  # one prompt chunk of RESERVE_TOKENS tokens
     }
+
+
+def why(spec: ModelSpec, rank: ModelSpec, dtype: str, kv_dtype: str, context: int, batch: int) -> list[str]:
+    """The lines that say why this model serves as it does: its experts, its latent KV, its windows (none for a
+    dense model with plain grouped-query attention). The KV lines are the whole model's (a latent is whole on every
+    card), the weights streamed one card's."""
+    per_token = roofline.kv_bytes_per_token(spec, kv_dtype)
+    lines = kv_lines(spec, context, per_token, kv_bytes_per_user(spec, context, kv_dtype), roofline.KV_BYTES[kv_dtype])
+    if spec.latent and rank is not spec:
+        lines[0] += "; every card keeps the whole latent (tensor parallelism splits the heads, not it)"
+    if spec.experts:
+        streamed, every = touched_weight_bytes(rank, dtype, batch), roofline.streamed_weight_bytes(rank, dtype)
+        lines.insert(0, experts_line(spec, batch, streamed, every) + " on each card" * (rank is not spec))
+    return lines
 
 
 def n_users(n: int) -> str:
@@ -132,7 +153,8 @@ def summary(p: dict) -> str:
         more = " or more cards (--tp)" if tp > 1 or p["total_weight_bytes"] > p["usable_bytes"] else ""
         lines.append(f"  the weights alone do not fit: pick a bigger card{more}, a smaller model or a smaller --dtype")
         return "\n".join(lines)
-    per_user = p["kv_bytes_per_token"] * p["context"]
+    # a user's KV at this context (sliding-window layers: their window only)
+    per_user = p["kv_bytes_per_user"] if p["why"] else p["kv_bytes_per_token"] * p["context"]
     lines.append(
         f"  KV        {p['kv_bytes_per_token'] / 1024:.0f} KiB per token{' per card' * (tp > 1)}: "
         f"{per_user / 2**20:,.0f} MiB per user{' on each card' * (tp > 1)} at {p['context']} tokens of context"
@@ -150,6 +172,7 @@ def summary(p: dict) -> str:
                 f"{s['decode_step_s'] * 1e3:.1f} ms per step, {s['tokens_per_s']:,.0f} tokens/s in total, "
                 f"{s['per_user_tokens_per_s']:.1f} per user"
             )
+    lines += [f"  {'why' if i == 0 else '':<9} {line}" for i, line in enumerate(p["why"])]
     lines += [
         f"  decode    batch {p['batch']}: {p['decode_step_s'] * 1e3:.1f} ms per step -> "
         f"{p['tokens_per_s']:,.0f} tokens/s in total, {p['per_user_tokens_per_s']:.1f} per user",
