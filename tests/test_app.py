@@ -825,3 +825,19 @@ def test_a_settings_change_replays_without_the_model():
         hook.remove()
     assert any("of 5 seats" in m.value for m in at.markdown)  # (drawn: 5 seats)
     assert calls == [], "a setting change ran the model's forward"
+
+
+def test_what_if_says_why_a_windowed_model_fits_more_users_and_its_memory_split_adds_up():
+    """Gemma 3 keeps only a window of tokens on five layers of six: the view counts a user's KV so (not the full
+    context on every layer) and says it in one computed line, where the numbers are."""
+    from minillm.card.hardware import get_device
+    from minillm.card.modelspec import load_spec
+
+    state = dict(wi_card="h200", wi_model="gemma-3-27b", wi_dtype="fp8", wi_context=32768, **SMALL_CROWD)
+    at = open_app(view="what-if", **state)
+    assert not at.exception and not at.error
+    plan = whatif.plan(load_spec("gemma-3-27b"), get_device("h200"), "fp8", context=32768)
+    assert headline_values(at)["users that fit"] == f"{plan['max_users']:,}"
+    assert plan["max_users"] > plan["free_kv_bytes"] // (plan["kv_bytes_per_token"] * 32768)  # more than if full
+    window_line = next(line for line in plan["why"] if "window" in line)
+    assert any(window_line[1:] in c.value for c in at.caption), window_line

@@ -35,7 +35,7 @@ def memory_split(plan: dict) -> list[tuple[str, float]]:
     KV room left (less than one more user); unused (1 - utilization: the CUDA context, the
     allocator's slack). When the weights alone do not fit, the parts add up to more than the card."""
     memory, usable = plan["memory_bytes"], plan["usable_bytes"]
-    per_user = -(-plan["context"] // BLOCK) * BLOCK * plan["kv_bytes_per_token"]
+    per_user = plan["kv_bytes_per_user"]  # (whole blocks; a sliding-window layer keeps only its window)
     kv = min(plan["free_kv_bytes"], plan["max_users"] * per_user)
     room = plan["free_kv_bytes"] - kv
     return [

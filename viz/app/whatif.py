@@ -37,7 +37,6 @@ from viz.app import crowd, fleet_cards, multicard, presenter
 from viz.app.headlines import WHY_LABEL
 from viz.app.playback import png_html
 from viz.card import (
-    BLOCK,
     plot_comm_share_by_tp,
     plot_memory_split,
     plot_speed_by_batch,
@@ -148,7 +147,7 @@ def no_user_reason(plan: dict) -> str:
             f"the weights alone ({plan['weight_bytes'] / 2**30:,.1f} GiB) do not fit in "
             f"{plan['usable_bytes'] / 2**30:,.1f} GiB: pick a bigger card, a smaller model or smaller weights"
         )
-    one = -(-plan["context"] // BLOCK) * BLOCK * plan["kv_bytes_per_token"]
+    one = plan["kv_bytes_per_user"]  # (whole blocks; a sliding-window layer keeps only its window)
     return (f"one user's KV cache at {plan['context']:,} tokens needs {one / 2**30:,.1f} GiB, and "
             f"{plan['free_kv_bytes'] / 2**30:,.1f} GiB are left after the weights: pick a shorter context, a "
             "smaller KV dtype or a bigger card")  # fmt: skip
@@ -171,6 +170,8 @@ def headline(plan: dict, crowd: dict | None, row: list | None) -> None:
     line.markdown(HEADLINE_GAP + headline_html("", parts, one_line=True), unsafe_allow_html=True, width="content")
     with why.popover("why?", icon=":material/info:", help=WHY_LABEL):
         st.markdown(note)
+        for reason in crowd["why"]:  # (experts, latent attention, windows: the model's shape, in one computed line)
+            st.markdown(f"{reason[0].upper()}{reason[1:]}.")
 
 
 def figures(plan: dict, crowd: dict) -> None:
@@ -206,6 +207,8 @@ def card_view(choice: dict, plan: dict, crowd: dict | None, pictures: tuple) -> 
         )
     if crowd:
         figures(plan, crowd)
+        for reason in crowd["why"]:  # what this model's shape changes (whatif.why): said where the numbers are
+            st.caption(f"{reason[0].upper()}{reason[1:]}.")
     memory, users, speed, by_tp = pictures
     multicard.tp_view(plan, crowd, by_tp)
 
