@@ -220,3 +220,13 @@ def test_whatif_json_for_an_moe_model(capsys):
     main(["whatif", "--model", "qwen3-30b-a3b", "--gpu", "h100-sxm", "--batch", "8", "--json"])
     result = json.loads(capsys.readouterr().out)
     assert result["active_params"] < result["params"] / 8 and result["why"]
+
+
+def test_the_published_check_counts_one_token_s_experts():
+    """bench/published.py's line of why: one stream of an MoE moves the experts its token picked, a dense model all."""
+    from minillm.bench.published import _one_token_weights
+
+    dense, moe = load_spec("llama-3.1-8b"), load_spec("gpt-oss-20b")
+    assert _one_token_weights(dense, "bf16") == roofline.weight_bytes(dense, "bf16")
+    moved = _one_token_weights(moe, "int4")
+    assert 0.1 * roofline.weight_bytes(moe, "int4") < moved < 0.5 * roofline.weight_bytes(moe, "int4")

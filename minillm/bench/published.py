@@ -187,7 +187,7 @@ def explain(f: Figure, predicted: float, run: dict) -> str:
         return why
     if f.kind == "decode":
         step = engine_step(spec, card, [(1, f.reply // 2)], f.dtype, f.kv_dtype)
-        moved = roofline.weight_bytes(spec, f.dtype) + roofline.kv_bytes_per_token(spec, f.kv_dtype) * f.reply // 2
+        moved = _one_token_weights(spec, f.dtype) + roofline.kv_bytes_per_token(spec, f.kv_dtype) * f.reply // 2
         share = moved * f.reported / card.bandwidth
         return (f"memory-bound ({step.time_s * 1e3:.1f} ms a token): the published speed moves {share:.0%} of the "
                 f"datasheet bandwidth, the model assumes {card.efficiency:.0%}")  # fmt: skip
@@ -209,6 +209,16 @@ def explain(f: Figure, predicted: float, run: dict) -> str:
         + (f"; {run['preemptions']} preemptions (KV full)" if run["preemptions"] else "")
         + verdict
     )
+
+
+def _one_token_weights(spec, dtype: str) -> float:
+    """The weights one stream's step moves, as `explain` counts them: all of a dense model's; a mixture of experts'
+    less the routed experts its token did not pick (model_bytes.touched_weight_bytes)."""
+    from minillm.card import roofline
+    from minillm.card.model_bytes import touched_weight_bytes
+
+    untouched = roofline.streamed_weight_bytes(spec, dtype) - touched_weight_bytes(spec, dtype, 1)
+    return roofline.weight_bytes(spec, dtype) - untouched
 
 
 def bench_published(model, s) -> dict:
