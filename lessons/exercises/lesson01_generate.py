@@ -20,8 +20,11 @@ def generate_batch(model: Transformer, prompts: list[list[int]], max_new_tokens:
         tokens. A finished row takes no more tokens; the others carry on.
     Stop calling the model as soon as every row has finished.
 
-    model(tokens) takes a (B, T) long tensor and returns logits (B, T, vocab).
-    Returns one reply per prompt (the new tokens only, without EOS), in the order of `prompts`.
+    model(tokens) takes a (B, T) long tensor and returns logits (B, T, vocab); it is causal (the scores at a
+    position depend only on the row's tokens up to there) and may pick ANY token id, PAD and 0 included: only
+    EOS ends a reply. prompts: zero or more lists of token ids, each non-empty (<bos> first), two users may send
+    the same one; leave them as they are. max_new_tokens >= 1.
+    Returns one reply per prompt (the new tokens only, without EOS), in the order of `prompts` ([] for no prompts).
     """
     raise NotImplementedError(
         "lesson 01: write the batched greedy loop (pad, read each row's last token, stop per row)"

@@ -21,7 +21,9 @@ class MyStaticScheduler:
     requests from the head of the queue, in order, until the seats run out or the next one's
     prompt does not fit in the blocks still free (kv.free_blocks, less the blocks of the requests
     you already admitted this step). A request that does not fit stops the admissions: nobody
-    behind it may board ahead of it. (Preemption is the engine's last resort; you may ignore it here.)
+    behind it may board ahead of it. Count only the prompt's blocks (kv.blocks_to_admit as above), not
+    blocks for the reply it has yet to write (max_new_tokens is a cap: many replies end sooner, on EOS).
+    (Preemption: you may leave it out; the checks only judge crowds whose batches never need it.)
     """
 
     name = "my-static"

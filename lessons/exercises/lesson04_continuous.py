@@ -21,7 +21,7 @@ class MyContinuousScheduler:
        (a None seat, or one you just preempted) and the request's prompt fits in the blocks
        left after step 1: kv.blocks_to_admit(r.tokens_in_cache_after_prefill). Stop at the
        first request that does not fit: nobody jumps the queue.
-    Return Plan(admit=[...], preempt=[...]).
+    Return Plan(admit=[...], preempt=[...]): the admissions in queue order, the victims in any order.
     """
 
     name = "my-continuous"

@@ -23,26 +23,35 @@ class MyBlockAllocator:
         return len(self.free_blocks)
 
     def append(self, seq: int, num_new: int = 1) -> list[int]:
-        """Grow `seq` (new or existing) by num_new tokens, taking new blocks from the free list only
-        when the tokens cross into a block the sequence does not have yet. Returns the new blocks.
-        If not enough blocks are free, raise BlockPoolExhausted (from minillm.engine.blocks) and change nothing."""
+        """Grow `seq` (new or existing) by num_new >= 1 tokens, taking new blocks from the free list only
+        when the tokens cross into a block the sequence does not have yet. Returns the new blocks (a list, in
+        the order they join the table; [] when none is needed). Which free blocks you take is yours to choose.
+        If not enough blocks are free, raise BlockPoolExhausted (from minillm.engine.blocks) and change nothing
+        (blocks that suffice exactly are enough; tokens that fit in the last block's room need none, even
+        when the free list is empty)."""
         raise NotImplementedError("lesson 05: give a sequence blocks as its tokens cross block boundaries")
 
     def free(self, seq: int) -> None:
-        """Return all of `seq`'s blocks to the free list and forget it."""
+        """Return all of `seq`'s blocks to the free list and forget it (its table and its length). `seq` is a
+        sequence you hold."""
         raise NotImplementedError("lesson 05: return a sequence's blocks to the free list")
 
 
 def slot_mapping(block_table: list[int], positions: list[int], block_size: int) -> list[int]:
     """Where in the flat pool (num_blocks * block_size slots) each token position is written:
-    block_table[p // block_size] * block_size + p % block_size."""
+    block_table[p // block_size] * block_size + p % block_size. Returns a new list of ints, one per position.
+
+    positions: consecutive positions the table's blocks hold (a prefill, a chunk, one decode position), or
+    none at all ([] gives [], even with an empty table). Leave both lists as they are."""
     raise NotImplementedError("lesson 05: turn token positions into flat slots through the block table")
 
 
 def paged_gather(pool: torch.Tensor, block_tables: torch.Tensor) -> torch.Tensor:
     """Read each sequence's blocks out of the pool, in logical order, with one indexing op (no loop).
 
-    pool: (num_blocks, block_size, n_kv_heads, head_dim); block_tables: (B, max_blocks) long.
-    Returns (B, max_blocks * block_size, n_kv_heads, head_dim).
+    pool: (num_blocks, block_size, n_kv_heads, head_dim), any float dtype; block_tables: (B, max_blocks) long,
+    B >= 1, a row padded with any valid block id (repeats). Every size may be 1.
+    Returns (B, max_blocks * block_size, n_kv_heads, head_dim), the pool's numbers in the pool's dtype. Leave
+    both tensors as they are.
     """
     raise NotImplementedError("lesson 05: gather the blocks of every row with one indexing op")

@@ -11,11 +11,17 @@ def ttft_tpot(trace: Trace) -> dict[str, dict[str, float | None]]:
     """Part 1. Per finished request id: {"ttft_steps": ..., "tpot_steps": ...}, counted in engine steps.
 
     TTFT (time to first token): the steps from the request's arrival to the step that produced its first
-    token, both counted (a request admitted in the step it arrives waits 1 step).
+    token, both counted (a request admitted in the step it arrives waits 1 step): a whole number of steps.
     TPOT (time per output token): the average number of steps between two consecutive tokens after the
-    first. An EOS counts as a token (producing it took a step). None when there is only one token.
-    Skip requests that did not finish (finish_reason not "eos" or "length").
-    Everything you need is in trace.requests (see minillm/layers/trace.py: RequestRecord).
+    first, (finish step - first token step) / (tokens produced - 1). An EOS counts as a token (producing it
+    took a step; output_ids does not hold it). None when there is only one token (a reply that is only an EOS
+    included). Any real number will do (float, Fraction, numpy); it need not be whole: a preempted request
+    waits between two of its tokens, and speculative decoding can produce several tokens in ONE step (TPOT
+    below 1).
+    Skip requests that did not finish (finish_reason not "eos" or "length": rejected, aborted, still running);
+    every finished one gets an entry, a reply that is only an EOS too. A trace may be empty ({}).
+    Everything you need is in trace.requests (see minillm/layers/trace.py: RequestRecord). Leave the trace as
+    it is, and build a new dict on every call.
     """
     raise NotImplementedError("lesson 06: compute TTFT and TPOT per request from the trace")
 

@@ -42,7 +42,8 @@ class Card:
 def kv_bytes_per_token(model: Model, kv_bits: float = 16) -> float:
     """Bytes of KV cache one token takes: its key and its value, in every layer, for every key/value head.
 
-    kv_bits: bits per cached number (16 for bf16 or fp16, 8 for fp8).
+    kv_bits: bits per cached number (16 for bf16 or fp16, 8 for fp8, 4 for int4: any positive number, not
+    always whole bytes).
     """
     raise NotImplementedError("lesson 07: the bytes one token's keys and values take in the KV cache")
 
@@ -59,7 +60,8 @@ def decode_step_time(
     of KV (the new token's own key and value: count nothing for them).
     FLOPs: 2 per weight multiplied through, per user (a multiply and an add).
     time = the larger of bytes / bandwidth and FLOPs / the card's DENSE FLOP/s.
-    weight_bits: bits per weight (16: bf16, 8: fp8, 4.125: int4 with a 16-bit scale per 128 weights).
+    weight_bits: bits per weight (16: bf16, 8: fp8, 4.125: int4 with a 16-bit scale per 128 weights), kv_bits as
+    in kv_bytes_per_token: bits, not always whole bytes. batch >= 1, context >= 0.
     """
     raise NotImplementedError("lesson 07: the roofline's time for one decode step")
 
@@ -75,5 +77,8 @@ def max_users(
 ) -> int:
     """How many users with `context` tokens each fit. Usable memory is utilization x the card's memory; all the
     weights sit in it (the embedding table too), and reserve_gib GiB stay free for one step's activations;
-    the KV cache gets the rest. A user fits whole or not at all; 0 when nobody fits."""
+    the KV cache gets the rest. A user fits whole or not at all: return an int, rounded down (where the users
+    that fit come out a whole number, to the byte, either that number or one less is accepted: float rounding);
+    0 when nobody fits, or when the weights and the reserve already fill the usable memory. context >= 1;
+    0 < utilization <= 1; reserve_gib >= 0."""
     raise NotImplementedError("lesson 07: how many users' KV caches fit next to the weights")

@@ -16,11 +16,14 @@ def plan_step(
 
     running:    the seated requests, in seat order (not age order). r.admit_order: smaller = admitted earlier.
                 r.is_decoding: its prompt is in the KV cache, it runs the 1 token it produced last step.
-                Otherwise it is still prefilling: r.num_pending tokens of its prompt are not in the cache yet.
+                Otherwise it is still prefilling: r.num_pending tokens are not in the cache yet (of its prompt,
+                and of its old reply if it came back from a preemption): a prefilling row may have output, or
+                only one token left; only r.is_decoding makes it a decode row.
     waiting:    the queue, the head first. A newcomer runs r.num_pending tokens in all (its prompt, plus any
                 reply it had produced before it was preempted: all of it is recomputed).
     free_seats: how many newcomers may board this step.
-    budget:     the most tokens the whole step may run, every row together (None: no limit).
+    budget:     the most tokens the whole step may run, every row together: an int >= 1, or None (no limit: the
+                same rules, every row runs all it has; newcomers still board only into free seats).
 
     The rules, in this order, while the budget lasts:
     1. Decode rows first, oldest admission first: each runs exactly 1 token.
@@ -30,6 +33,7 @@ def plan_step(
        boards and runs as many of its pending tokens as fit (a first chunk). Nobody jumps the queue: a
        newcomer whose prompt is longer than what is left boards with a chunk; nobody behind it goes first.
     (Memory is plentiful in this lesson's runs: nobody is preempted, every prompt fits in the KV cache.)
+    Read the lists and the requests; change none of them (the engine moves requests and keeps their books).
     """
     raise NotImplementedError("lesson 08: share the step's token budget: decode rows, then prompts, then newcomers")
 

@@ -34,12 +34,15 @@ class MyPrefixAllocator(BlockAllocator):
         """2. The blocks holding the longest run of cached full blocks that starts `token_ids`, in order.
         Walk the prompt block by block, chaining the keys, and stop at the first block that is not cached.
         Where a key has several blocks, any of them will do (next(iter(...)) takes the first).
-        Leave at least the prompt's last token out: the model must run it to produce the next token."""
+        Leave at least the prompt's last token out: the model must run it to produce the next token. Leave
+        token_ids as it is (the caller uses it next)."""
         raise NotImplementedError("lesson 09: the longest cached run of full blocks, leaving the last token")
 
     def cache_full_blocks(self, seq: int, token_ids: list[int]) -> None:
         """3. `seq`'s first len(token_ids) tokens now have their keys and values in its blocks: give a key to
-        each of its blocks that is full (a partly filled block gets none: its owner still writes into it).
+        each of its blocks that these tokens fill (a partly filled block gets none: its owner still writes into
+        it). The sequence may already hold more tokens than these (appended for a chunk still being computed):
+        count the full blocks by len(token_ids), not by what it holds.
         If another block already holds the same key, this block is a second copy: add it to the key's blocks
         too, so the tokens stay cached while either copy does. (Recomputing the chain from the first block
         each time is fine.)"""

@@ -18,8 +18,12 @@ def abort(engine: Engine, request_id: str, reason: str = "aborted") -> bool:
     Then mark it finished: r.state = State.FINISHED (from minillm.engine.request), r.finish_reason = reason,
     r.finish_step = engine.step_no, r.finish_s = engine.clock.now().
 
-    Find the request in engine.requests (everything submitted). Return True if you aborted it; False if
-    no such request is there or it has already finished (a finished request may still name the seat it
-    once had: somebody else may sit there now, so touch nothing).
+    Find the request in engine.requests (everything submitted; an id may be used again once its first
+    request finished: abort the one that has not). Return True if you aborted it; False if no such request
+    is there or it has already finished, a request the engine rejected included (a finished request may still
+    name the seat it once had: somebody else may sit there now, so touch nothing).
+    A request back in the queue after a preemption has output and once had a seat, but no seat now: it is
+    queued. Touch nothing else: the other requests, the number of seats, engine.requests; engine.waiting stays
+    a deque (remove in place). Whether you also clear r.seat is yours to choose.
     """
     raise NotImplementedError("lesson 10: take the request out of wherever it is and free its seat and KV blocks")

@@ -20,5 +20,9 @@ def settle_row(draft: list[int], picks: list[int], cache, seat: int, computed: i
        not in the cache yet (it runs next step, like any new token). When nothing was rejected, leave it.
 
     Example: draft [5, 6, 7], picks [5, 6, 9, 2]: gains [5, 6, 9]; the cache keeps computed + 3 tokens.
+    k may be 0 (no guess: gains [picks[0]]); tokens are any ids, special ones (EOS, PAD) included, and may repeat
+    (the same token guessed twice, the model picking a token it picked before): the place of the first miss is
+    counted, not looked up by value. Cutting the cache to the length it already has is allowed. Leave draft and
+    picks as they are (return a new list).
     """
     raise NotImplementedError("lesson 11: keep the guesses up to the first miss, add the model's pick, cut the rest")

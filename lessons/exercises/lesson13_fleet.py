@@ -13,7 +13,8 @@ from minillm.engine.blocks import block_key  # noqa: F401 (given: block_key(prev
 def prompt_keys(token_ids: list[int], block_size: int) -> list[bytes]:
     """1. The keys of the prompt's full blocks, as the replicas' allocators key them (lesson 09): block i's key is
     block_key(key of block i - 1, its block_size tokens), and block 0's predecessor is b"". A last block that is not
-    full has no key (its owner still writes into it: nobody can share it)."""
+    full has no key (its owner still writes into it: nobody can share it). Token ids are any ids (the special ones,
+    256 and up, included); a prompt may be empty or shorter than a block ([]). Leave token_ids as it is."""
     raise NotImplementedError("lesson 13: the keys of a prompt's full blocks, chained")
 
 
@@ -31,9 +32,12 @@ def route(keys: list[bytes], loads: list[int], caches: list[set[bytes]], cost: i
     caches[i]: the keys replica i's prefix cache holds; cost: the arrival's own tokens.
     - The best replica holds the longest run of the keys; among equally long runs, the less loaded; then the lower
       index (so the same view always gives the same answer).
-    - Least loaded (ties: the lower index) instead when the best run is shorter than min_match blocks (a shared
-      template's first block saves little, and would send everyone to one replica), or when the best replica is
-      overloaded: its load is over overload_factor x the least loaded replica's load + cost.
+    - Least loaded (ties: the lower index, whatever the tied replicas hold) instead when the best run is shorter
+      than min_match blocks (a shared template's first block saves little, and would send everyone to one
+      replica), or when the best replica is overloaded: its load is over (>, not >=) overload_factor x the least
+      loaded replica's load + cost.
+    A run counts only leading blocks (matched_blocks). min_match may be 0 or 1; loads may tie. Leave the lists and
+    sets as they are.
     """
     raise NotImplementedError("lesson 13: the cache-aware routing decision")
 
@@ -43,7 +47,8 @@ def kv_bytes(layers: int, heads: int, kv_heads: int, head_dim: int, tokens: int,
              ) -> float:  # fmt: skip
     """4. Bytes of KV that ONE card of a prefill engine split over tp cards sends for a prompt of `tokens` tokens:
     a key and a value for every layer and every key/value head (heads are the query heads: GQA models have fewer kv
-    heads), head_dim numbers of kv_bits bits each; each of the tp cards holds and sends its kv_heads / tp heads."""
+    heads), head_dim numbers of kv_bits bits each; each of the tp cards holds and sends its kv_heads / tp heads (tp
+    divides kv_heads). kv_bits need not be whole bytes (4: int4); tokens may be 0."""
     raise NotImplementedError("lesson 13: the bytes of a prompt's KV, per card")
 
 

@@ -26,7 +26,8 @@ def walk(moves, state: int, tokens: list[int]) -> int:
 
     A token without a move from where the walk stands leads to DEAD, and the walk stays DEAD: nothing leaves it
     (careful: moves[DEAD] is moves[-1], the last state's row). A token is a byte (0..255) or a special token
-    (256 and up, EOS included): a special token has no move (EOS ends a reply; it does not move the automaton).
+    (256 and up: PAD 256, BOS, EOS, SEP): a special token has no move (EOS ends a reply; it does not move the
+    automaton), and leads to DEAD.
     No tokens: the walk stays where it started. Leave `tokens` and `moves` as they are.
 
     Example, (yes|no): walk(moves, 0, list(b"no")) is the state after "no" (it accepts); list(b"nx") gives DEAD.
@@ -44,6 +45,7 @@ def keep_or_resample(p, q, guess: int, u: float, draw) -> int:
 
     1. Keep the guess with probability min(1, p[guess] / q[guess]): when u is below it. A guess the model likes
        at least as much as the drafter is always kept (q[guess] = 0 included: write u * q < p, not a division).
+       Where u is exactly p/q (to rounding), keeping and rejecting are both right.
     2. Else return draw(residual): the residual is max(0, p - q), normalised to sum to 1 (for a certain guess:
        p with the guess's probability set to 0, normalised). Draw only after a rejection.
     Then the tokens kept or drawn are distributed exactly as p. Leave p and q as they are (in-place operations

@@ -74,8 +74,24 @@ def brief(config) -> bool:
     return config.stash[BRIEF]
 
 
+NOT_REWRITTEN = ("hypothesis",)  # pytest plugins' own packages whose asserts pytest need not rewrite
+
+
+def keep_hypothesis_as_it_is(config) -> None:
+    """pytest rewrites the asserts of every module of a package that ships a pytest plugin, hypothesis's 100-odd
+    included, when it is imported; where bytecode is not written (PYTHONDONTWRITEBYTECODE, a read-only venv) it does
+    so on every run: 1.2 s of a lesson's differential checks (tests/lessons/differential.py) on 2 cores, for asserts
+    inside hypothesis that no check reads. Its modules load as they are."""
+    hook = getattr(config.pluginmanager, "rewrite_hook", None)
+    marked = getattr(hook, "_must_rewrite", None)
+    if isinstance(marked, set):
+        marked.difference_update(NOT_REWRITTEN)
+        getattr(hook, "_marked_for_rewrite_cache", {}).clear()
+
+
 @pytest.hookimpl(trylast=True)  # after the terminal reporter exists
 def pytest_configure(config):
+    keep_hypothesis_as_it_is(config)
     config.option.overwrite = False  # nbmake can write outputs back into the notebooks: never here
     reporter = config.pluginmanager.get_plugin("terminalreporter")
     if not brief(config) or reporter is None:

@@ -108,7 +108,7 @@ def test_a_wrong_loop_gets_its_hint_first(tmp_path):
     assert len(lines) <= 15, "\n".join(lines)
     assert lines[0].startswith("hint: padding on the LEFT"), "\n".join(lines)
     assert any("everything: pytest -m lesson01 --tb=long" in line for line in lines)
-    assert lines[-2] == "lesson 01: failing (2 tests)" and "2 failed" in lines[-1]  # the random model's, the edges'
+    assert lines[-2] == "lesson 01: failing (3 tests)" and "3 failed" in lines[-1]  # random model, edges, drawn batches
     assert any(line.startswith("also failing, ") for line in lines)
 
 

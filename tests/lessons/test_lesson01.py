@@ -8,6 +8,13 @@ token is EOS (an empty reply), a reply holding the PAD id, and the same prompts 
 Each failure names its case first. WRONG (below) lists the mistakes a room makes, each caught, with its hint first
 when your replies equal that mistake's on that very case (an unknown mistake gets the plain expected and got);
 CORRECT, loops written differently that must pass.
+
+Then the differential check (tests/lessons/drawn/lesson01.py): your replies against the reference loop's on 30
+drawn batches (seeded: the same every run; MINILLM_CHECK_EXAMPLES=N draws N), the smallest that differs shown first.
+Its strategies: 0 to 4 prompts (none, one, several; the same prompt twice), each <bos> + 0 to 6 bytes (byte 0 and
+255 and their neighbours on purpose) + sometimes <sep>; max_new_tokens 1, 2, 3 or 6; a causal
+stand-in model picking by a hash of the row's tokens so far, whose picks include EOS (never, sometimes, often, at
+once: empty replies), PAD, <sep> and bytes 0 and 255. DRAWN_ONLY names the wrong loops only the drawn batches catch.
 """
 
 from __future__ import annotations
@@ -20,6 +27,7 @@ from torch.nn.utils.rnn import pad_sequence
 
 from minillm.engine.generate import generate
 from minillm.model.tokenizer import EOS, PAD, decode, encode_prompt, token_str
+from tests.lessons.drawn.lesson01 import check_drawn
 from tests.lessons.harness import CHECKS, case, implementations, shipped_model, small_model, stub, student_module
 
 lesson = pytest.mark.lesson01  # your code's checks: pytest -m lesson01
@@ -29,7 +37,7 @@ lesson = pytest.mark.lesson01  # your code's checks: pytest -m lesson01
 def make_batch_loop(
     pad="right", read="last-real", stop="per-row", keep_eos=False, extra=0, until_budget=False, limit="reply",
     by_prompt=False, compact=False, old_index=False, first_eos="checked", done_check="before", memo=False,
-    drop_pad=False, copy=True, ends=(EOS,),
+    drop_pad=False, copy=True, ends=(EOS,), pad_id=PAD,
 ):  # fmt: skip
     """A batched greedy loop. The defaults are right; each switch is one plausible mistake (see WRONG), except
     compact=True: finished rows leave the rectangle (right too, written differently)."""
@@ -53,7 +61,7 @@ def make_batch_loop(
                 break
             active = [b for b in range(len(rows)) if not done[b]] if compact or old_index else list(range(len(rows)))
             width = max(len(rows[b]) for b in active) if active else max(len(row) for row in rows)
-            fill = {b: [PAD] * (width - len(rows[b])) for b in active}
+            fill = {b: [pad_id] * (width - len(rows[b])) for b in active}  # pad_id=0: zeros, as torch.zeros pads
             batch = torch.tensor([rows[b] + fill[b] if pad == "right" else fill[b] + rows[b] for b in active])
             logits = model(batch)  # (B, T, vocab): the rows in `active`, in that order
             for i, b in enumerate(active):
@@ -62,7 +70,7 @@ def make_batch_loop(
                 row = rows[b]
                 at = len(row) - 1 if read == "last-real" and pad == "right" else -1
                 if read == "non-pad":  # the row's length counted in the rectangle: a PAD in the reply is lost (wrong)
-                    at = int((batch[i] != PAD).sum()) - 1
+                    at = int((batch[i] != pad_id).sum()) - 1
                 elif read == "one-early":  # (a mistake the catalogue does not know: see the unknown-mistake test)
                     at = len(row) - 2
                 token = logits[b if old_index else i, at].argmax().item()  # old_index: the row's place before (wrong)
@@ -166,6 +174,12 @@ WRONG = {
         "reply, so return every token the model picked",
     ),
     "remembers-replies-between-calls": (make_batch_loop(memo=True), SECOND_MODEL_HINT),
+    # right on every hand-built case (no byte 0 in their prompts or replies); the drawn batches catch it
+    "pads-with-zeros-and-counts-the-non-zeros": (
+        make_batch_loop(pad_id=0, read="non-pad"),
+        "a prompt or reply holding byte 0 went wrong after it: you padded with 0 and found a row's last real token "
+        "by counting its non-zero tokens; keep each row's own length instead (len(row) - 1)",
+    ),
     # right replies; what the check counts or looks at says what is wrong
     "checks-for-done-only-after-calling-the-model": (
         make_batch_loop(done_check="after"),
@@ -182,7 +196,9 @@ NO_HINT = {  # the mistakes whose failure is not a wrong reply, and the words th
     "drops-finished-rows-but-reads-by-the-old-index": "your code raised IndexError",
     "checks-for-done-only-after-calling-the-model": "no prompts at all (max_new_tokens=4): your code raised ValueError",
     "appends-to-the-callers-prompt-lists": "generate_batch changed the prompt lists it was given",
+    "pads-with-zeros-and-counts-the-non-zeros": "your reply for row",
 }
+DRAWN_ONLY = ["pads-with-zeros-and-counts-the-non-zeros"]  # right on every hand-built case: only drawn inputs catch it
 REPLAYED = [name for name in WRONG if name != "remembers-replies-between-calls"]  # (its replies depend on the past)
 
 
@@ -429,10 +445,19 @@ def check_edges(generate_batch) -> None:
     check_batch(generate_batch, shipped_model(), [], 4, "no prompts at all")
 
 
-def check_all(generate_batch) -> None:
+def check_drawn_batches(generate_batch) -> None:
+    check_drawn(generate_batch, reference, as_replies)
+
+
+def check_cases(generate_batch) -> None:
     check_shipped_model(generate_batch)
     check_random_model(generate_batch)
     check_edges(generate_batch)
+
+
+def check_all(generate_batch) -> None:
+    check_cases(generate_batch)
+    check_drawn_batches(generate_batch)
 
 
 def test_replies_equal_the_one_prompt_loop_on_the_shipped_model(generate_batch):
@@ -445,6 +470,10 @@ def test_replies_equal_the_one_prompt_loop_on_a_random_model(generate_batch):
 
 def test_empty_replies_a_pad_in_a_reply_two_models_and_no_prompts(generate_batch):
     check_edges(generate_batch)
+
+
+def test_replies_equal_the_reference_on_drawn_batches(generate_batch):
+    check_drawn_batches(generate_batch)
 
 
 # --- the checks catch plausible mistakes --------------------------------------------------------
@@ -517,6 +546,14 @@ def test_an_unknown_mistake_gets_the_plain_expected_and_got_line():
 def test_a_known_mistake_that_crashes_on_the_case_explains_nothing():
     prompts = tuple(tuple(encode_prompt(p)) for p in ["spell 7", "count down from 40", "spell 42"])
     assert wrong_replies("drops-finished-rows-but-reads-by-the-old-index", shipped_model(), prompts, 12) is None
+
+
+@CHECKS
+@pytest.mark.parametrize("name", DRAWN_ONLY)
+def test_the_drawn_batches_catch_what_the_cases_miss(name):
+    check_cases(WRONG[name][0])  # every hand-built case passes it
+    with pytest.raises(AssertionError, match="your reply for row"):
+        check_drawn_batches(WRONG[name][0])
 
 
 @CHECKS

@@ -9,6 +9,15 @@ wrong q to whoever reads it next), and append_kv must take every new token of a 
 WRONG and KNOWN_MISTAKES (below) list the mistakes a room makes, each caught; CORRECT, attention written
 differently (expand, a -1e9 fill, a mask aligned to the cache's end, torch's sdpa, a loop over heads) and
 CORRECT_APPEND, appends, that must pass.
+
+Then the differential checks (tests/lessons/drawn/lesson02.py), against the reference on drawn inputs (seeded: the
+same every run; MINILLM_CHECK_EXAMPLES=N draws N), the smallest that differs shown first. Strategies:
+- cached_attention (80 draws): 1 to 3 kv heads times groups of 1 to 3 query heads (MHA, GQA, MQA); head_dim 1, 2,
+  3, 4, 8; S = 1 to 7 keys, T = 1 (decode), S (prefill) or between (a chunk), the queries at S - T .. S - 1;
+  usual numbers (float32) or large scores (float64, hundreds: exp() overflows);
+- append_kv (40 draws): nothing cached or 1 to 5 tokens, 1 to 4 new, 1 to 3 kv heads, head_dim 1 to 4, float32 or
+  float64; your arguments left as they were.
+DRAWN_ONLY names the wrong versions only the drawn inputs catch.
 """
 
 from __future__ import annotations
@@ -20,6 +29,7 @@ import pytest
 import torch
 
 from minillm.model.attention import attend, reference_attention, visible_mask
+from tests.lessons.drawn.lesson02 import check_drawn
 from tests.lessons.harness import CHECKS, case, implementations, small_model, stub, student_module
 
 lesson = pytest.mark.lesson02  # your code's checks: pytest -m lesson02
@@ -42,7 +52,9 @@ def kv(request):
 
 
 # --- plausible mistakes (the checks must catch each one) -----------------------------------------
-def make_attention(mask="positions", scale=True, gqa="repeat_interleave", softmax_dim=-1, fill=float("-inf")):
+def make_attention(
+    mask="positions", scale=True, gqa="repeat_interleave", softmax_dim=-1, fill=float("-inf"), softmax="torch"
+):
     """Attention written out by hand, optionally with one mistake (or written differently, see CORRECT)."""
 
     def attention(q, k, v, q_positions):
@@ -73,6 +85,9 @@ def make_attention(mask="positions", scale=True, gqa="repeat_interleave", softma
             "none": torch.ones(T, S, dtype=torch.bool),
         }[mask]
         probs = scores.masked_fill(~visible, fill).softmax(dim=softmax_dim)
+        if softmax == "by-hand":  # exp(x) / sum exp(x), the formula as written: exp overflows past 88 (wrong)
+            weights = scores.masked_fill(~visible, fill).exp()
+            probs = weights / weights.sum(dim=softmax_dim, keepdim=True)
         return torch.einsum("bhts,bshd->bthd", probs, v)
 
     return attention
@@ -269,10 +284,19 @@ def check_in_the_model(append, attention, steps: int = 5) -> None:
                 )
 
 
-def check_all(kv) -> None:
+def check_drawn_inputs(kv) -> None:
+    check_drawn(kv.append, kv.attention, check_unchanged)
+
+
+def check_cases(kv) -> None:
     check_append(kv.append)
     check_attention(kv.attention)
     check_in_the_model(kv.append, kv.attention)
+
+
+def check_all(kv) -> None:
+    check_cases(kv)
+    check_drawn_inputs(kv)
 
 
 def test_append_kv(kv):
@@ -285,6 +309,10 @@ def test_cached_attention_equals_the_formula(kv):
 
 def test_the_model_with_your_cache_equals_the_model_without(kv):
     check_in_the_model(kv.append, kv.attention)
+
+
+def test_append_and_attention_equal_the_reference_on_drawn_shapes(kv):
+    check_drawn_inputs(kv)
 
 
 # --- the checks catch plausible mistakes --------------------------------------------------------
@@ -333,10 +361,13 @@ WRONG = {
             "softmax-over-the-queries": dict(softmax_dim=-2),
             "scales-the-query-in-place": dict(scale="q-in-place"),
             "scales-the-keys-in-place": dict(scale="k-in-place"),
+            # right on every hand-built case (their scores are small); the drawn large scores catch it
+            "a-softmax-by-hand-without-its-max": dict(softmax="by-hand"),
         }.items()
     },
 }
 IN_PLACE = {"scales-the-query-in-place": "the q it was given", "scales-the-keys-in-place": "the k it was given"}
+DRAWN_ONLY = {"a-softmax-by-hand-without-its-max": "an exp() that overflowed"}  # only drawn inputs catch these
 
 
 @CHECKS
@@ -347,7 +378,7 @@ def test_the_checks_catch_a_wrong_cache(wrong):
 
 
 @CHECKS
-@pytest.mark.parametrize("name", [n for n in WRONG if n != "scales-the-query-in-place"])
+@pytest.mark.parametrize("name", [n for n in WRONG if n != "scales-the-query-in-place" and n not in DRAWN_ONLY])
 def test_a_wrong_cache_changes_what_the_model_says(name):
     """Not just the unit checks: each mistake also shows in the real model's logits (GQA included), or crashes it;
     all but the query scaled in place, which only its caller would see (the model makes a new q every layer)."""
@@ -371,6 +402,15 @@ def test_an_argument_changed_in_place_is_named_first(name):
 def test_a_crash_names_its_case():
     with pytest.raises(AssertionError, match=r"^4 query heads, 2 kv heads, prefill \(all 6 tokens\): your code raised"):
         check_attention(no_repeat)
+
+
+@CHECKS
+@pytest.mark.parametrize("name", DRAWN_ONLY)
+def test_the_drawn_inputs_catch_what_the_cases_miss(name):
+    check_cases(WRONG[name])  # every hand-built case passes it
+    with pytest.raises(AssertionError) as failure:
+        check_drawn_inputs(WRONG[name])
+    assert DRAWN_ONLY[name] in str(failure.value).splitlines()[0]
 
 
 @CHECKS

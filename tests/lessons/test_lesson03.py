@@ -11,22 +11,29 @@ given as they were. Each edge failure names its case first.
 
 WRONG (below) lists the mistakes a room makes, each caught (a prompt that fills the free blocks exactly
 included); CORRECT, policies written differently that must pass.
+
+Then the differential check: your policy beside the reference (StaticScheduler) on 40 drawn crowds
+(tests/lessons/drawn/crowds.py; seeded, the same every run; MINILLM_CHECK_EXAMPLES=N draws N), each decision judged
+by the referee above and compared with the reference's on the same state, the smallest crowd that differs shown
+first. Its strategies: 0 to 6 requests (ids that do not sort in queue order), prompts of 2 to 12 tokens drawn at,
+one short of and one past block boundaries, replies the stand-in model ends with EOS after 0 to 6 tokens under caps
+of 1 to 5 (before the cap, at it, at once), arrivals at steps 0 to 4 (several in a step, gaps with nobody waiting);
+1 to 4 seats; blocks of 1, 2 or 4 tokens in a pool of exactly what the largest request needs alone up to 8 more
+(admissions stop on memory, a prompt that fills what is free exactly), or the contiguous layout. A crowd where the
+reference would preempt is drawn again. DRAWN_ONLY names the wrong policies only the drawn crowds catch.
 """
 
 from __future__ import annotations
 
-import functools
 import itertools
 
 import pytest
-import torch
 
-from lessons.fairness import StandIn
-from minillm.config import ModelConfig
 from minillm.engine.request import Request
 from minillm.engine.scheduler import KVSpace, Plan, StaticScheduler
-from minillm.model.tokenizer import EOS
 from minillm.runs.workload import SEED_STORY, SEED_STORY_SLOTS
+from tests.lessons.differential import against_reference
+from tests.lessons.drawn.crowds import compare, countdown_model, crowds
 from tests.lessons.harness import (
     CHECKS,
     Decision,
@@ -140,22 +147,6 @@ def check_block_boundaries(scheduler_cls) -> None:
         assert_served_everyone(engine, requests)
 
 
-class Countdown(StandIn):
-    """A stand-in model (no computation) that replies on cue: after byte n it says n - 1, after 0 (or a special
-    token) EOS. A prompt ending in byte n gets n - 1, ..., 1, 0 and then EOS: n tokens, so under a larger cap the
-    reply ends on EOS, and a prompt ending in 0 gets none at all (its first reply token is EOS)."""
-
-    def forward(self, tokens, *args, logits_at=None, **kwargs):
-        last = tokens.flatten()[logits_at]  # (R,): the token each sampling row ends on
-        says = torch.where((last > 0) & (last < 256), last - 1, EOS)
-        return torch.nn.functional.one_hot(says, self.cfg.vocab_size).float()  # (R, V)
-
-
-@functools.cache
-def countdown_model() -> Countdown:
-    return Countdown(ModelConfig(dim=32, n_layers=1, n_heads=2, n_kv_heads=1, ffn_dim=64, max_seq_len=256)).eval()
-
-
 def served_by_countdown(scheduler_cls, requests: list[Request], label: str, slots: int) -> None:
     """Every request finished with its countdown reply (cut by its cap), every decision right, all blocks free."""
     with case(label):
@@ -199,7 +190,19 @@ def check_arrival_order(scheduler_cls) -> None:
     served_by_countdown(scheduler_cls, requests, label, slots=3)
 
 
+def check_drawn_crowds(scheduler_cls) -> None:
+    """Your policy beside the reference on drawn crowds (tests/lessons/drawn/crowds.py); a crowd where the reference
+    would have to preempt is drawn again (you may leave preemption out)."""
+    reference = lambda: StaticScheduler(token_budget=None)  # noqa: E731
+    against_reference("your policy", crowds(), compare(scheduler_cls, reference, judge_static, True), 40)
+
+
 def check_all(scheduler_cls) -> None:
+    check_cases(scheduler_cls)
+    check_drawn_crowds(scheduler_cls)
+
+
+def check_cases(scheduler_cls) -> None:
     check_crowd(scheduler_cls, "contiguous")
     check_crowd(scheduler_cls, "paged")
     check_memory(scheduler_cls)
@@ -235,6 +238,10 @@ def test_a_batch_whose_members_end_on_eos_before_their_caps_is_over(scheduler_cl
     check_eos_before_the_cap(scheduler_cls)
 
 
+def test_your_policy_decides_as_the_reference_on_drawn_crowds(scheduler_cls):
+    check_drawn_crowds(scheduler_cls)
+
+
 def test_same_step_arrivals_board_in_queue_order_and_an_empty_queue_is_fine(scheduler_cls):
     check_arrival_order(scheduler_cls)
 
@@ -249,11 +256,12 @@ class Static:
     def __init__(
         self, joins=False, batch_size=None, shortest_first=False, needs_empty_seats=False, kv="counted",
         empty_seats_only=False, over="finished", first_token_block=False, queue="as-given", pops=False, peeks=False,
+        reserves_the_reply=False,
     ):  # fmt: skip
         self.joins, self.batch_size, self.shortest_first = joins, batch_size, shortest_first
         self.needs_empty_seats, self.kv, self.empty_seats_only = needs_empty_seats, kv, empty_seats_only
         self.over, self.first_token_block, self.queue = over, first_token_block, queue
-        self.pops, self.peeks = pops, peeks
+        self.pops, self.peeks, self.reserves_the_reply = pops, peeks, reserves_the_reply
         self.steps_left = 0  # over="timer": steps the batch still runs, counted down from its longest cap
 
     def still_running(self, r: Request) -> bool:
@@ -263,6 +271,8 @@ class Static:
 
     def cost(self, r: Request, kv: KVSpace) -> int:
         tokens = r.tokens_in_cache_after_prefill + self.first_token_block  # +1: "room for the reply's first" (wrong)
+        if self.reserves_the_reply:  # room for the whole reply up front, so nobody runs out mid-batch (wrong)
+            tokens = r.max_cached_tokens
         return kv.blocks_to_admit(tokens)
 
     def schedule(self, waiting: list[Request], seats: list[Request | None], kv: KVSpace) -> Plan:
@@ -316,7 +326,10 @@ WRONG = {
     "sorts-same-step-arrivals-by-id": dict(queue="arrival-then-id"),
     "reads-the-head-of-an-empty-queue": dict(peeks=True),
     "pops-admitted-requests-off-the-queue": dict(pops=True),
+    # right on every hand-built crowd (their replies stay in their prompts' blocks, or memory is plentiful)
+    "reserves-blocks-for-the-whole-reply": dict(reserves_the_reply=True),
 }
+DRAWN_ONLY = ["reserves-blocks-for-the-whole-reply"]  # only the drawn crowds catch these
 # the words that open each edge mistake's failure: the case, or the step where the arguments changed
 NAMED_BY = {
     "counts-a-member-under-its-cap-as-running": "batch members that end on EOS before their caps",
@@ -449,6 +462,14 @@ def test_the_edge_crowds_are_what_their_names_say():
     serve(countdown_model(), referee, arrival_crowd(), slots=3)
     assert [d.waiting for d in referee.decisions[3:6]] == [[], [], []]
     assert referee.decisions[6].admit == ["u1", "u11", "u0"]
+
+
+@CHECKS
+@pytest.mark.parametrize("name", DRAWN_ONLY)
+def test_the_drawn_crowds_catch_what_the_cases_miss(name):
+    check_cases(lambda: Static(**WRONG[name]))  # every hand-built crowd passes it
+    with pytest.raises(AssertionError, match="but r[0-9]+ was next in the queue and fits"):
+        check_drawn_crowds(lambda: Static(**WRONG[name]))
 
 
 @CHECKS

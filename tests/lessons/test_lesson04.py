@@ -9,6 +9,17 @@ queue order, steps when nobody waits; and schedule() must leave the lists it is 
 
 WRONG (below) lists the mistakes a room makes, each caught (blocks that suffice exactly, for a prompt and
 for growth, included); CORRECT, policies written differently that must pass.
+
+Then the differential check: your policy beside the reference (ContinuousScheduler) on 30 drawn crowds
+(tests/lessons/drawn/crowds.py; seeded, the same every run; MINILLM_CHECK_EXAMPLES=N draws N), each decision judged
+by the referee above and compared with the reference's on the same state, the smallest crowd that differs shown
+first. Its strategies: half the crowds as in lesson 03's (0 to 6 requests whose ids do not sort in queue order;
+prompts of 2 to 12 tokens at, one short of and one past block boundaries; replies ending on EOS at once, before
+their caps of 1 to 6, or cut by them; arrivals at steps 0 to 4; 1 to 4 seats; blocks of 1, 2 or 4 tokens in a pool
+of what the largest request needs alone up to 8 more, or the contiguous layout), half squeezed: 2 to 5 requests
+arriving together on as many seats (or one fewer), replies of 3 to 6 tokens, blocks of 1 or 2 tokens in a pool that
+holds their prompts and 0 to 3 blocks more, so the running requests outgrow it (one victim, several in a step,
+victims re-admitted, growth that fits exactly). DRAWN_ONLY names the wrong policies only the drawn crowds catch.
 """
 
 from __future__ import annotations
@@ -22,6 +33,8 @@ import pytest
 from minillm.engine.request import Request
 from minillm.engine.scheduler import ContinuousScheduler, KVSpace, Plan
 from minillm.runs.workload import SEED_STORY, SEED_STORY_SLOTS
+from tests.lessons.differential import against_reference
+from tests.lessons.drawn.crowds import compare, crowds
 from tests.lessons.harness import (
     CHECKS,
     Decision,
@@ -173,7 +186,19 @@ def check_seed_story(scheduler_cls) -> None:
     assert_admitted_at(story, expected, why)
 
 
+def check_drawn_crowds(scheduler_cls) -> None:
+    """Your policy beside the reference on drawn crowds (tests/lessons/drawn/crowds.py), half of them squeezed so
+    that the running requests outgrow the pool."""
+    reference = lambda: ContinuousScheduler(token_budget=None)  # noqa: E731
+    against_reference("your policy", crowds(pressure=True), compare(scheduler_cls, reference, judge_continuous), 30)
+
+
 def check_all(scheduler_cls) -> None:
+    check_cases(scheduler_cls)
+    check_drawn_crowds(scheduler_cls)
+
+
+def check_cases(scheduler_cls) -> None:
     check_crowd(scheduler_cls, "contiguous")
     check_crowd(scheduler_cls, "paged")
     check_preemption(scheduler_cls)
@@ -208,6 +233,10 @@ def test_the_seed_story_fills_each_seat_the_step_after_it_frees(scheduler_cls):
     check_seed_story(scheduler_cls)
 
 
+def test_your_policy_decides_as_the_reference_on_drawn_crowds(scheduler_cls):
+    check_drawn_crowds(scheduler_cls)
+
+
 # --- the checks catch plausible mistakes --------------------------------------------------------
 class Continuous:
     """A continuous scheduler written out, with switches for the mistakes below."""
@@ -237,7 +266,9 @@ class Continuous:
             if self.max_victims is not None and len(victims) == self.max_victims:
                 break  # one victim per step, as if the next step could fix the rest (wrong)
             victims.append(keep.pop(self.victim))  # -1: the newest; 0: the oldest (wrong)
-            if self.frees:  # (wrong without: the victim's blocks never count as free)
+            if self.frees == "the-last-victims":  # `=`, not `+=`: only the last victim's blocks count (wrong)
+                free = kv.free_blocks + kv.blocks_held(victims[-1].seat)
+            elif self.frees:  # (wrong without: the victim's blocks never count as free)
                 free += kv.blocks_held(victims[-1].seat)
         if self.counts_growth:  # victims_grow: as if the victims still grew this step (wrong)
             free -= sum(kv.blocks_to_grow(r.seat) for r in (running if self.victims_grow else keep))
@@ -286,7 +317,10 @@ WRONG = {
     "reserves-a-block-for-the-first-reply-token": dict(first_token_block=True),
     "sorts-same-step-arrivals-by-id": dict(queue="arrival-then-id"),
     "reads-the-head-of-an-empty-queue": dict(peeks=True),
+    # right on every hand-built crowd (two victims in a step at most, with nobody waiting); the drawn crowds catch it
+    "counts-only-the-last-victims-blocks": dict(frees="the-last-victims"),
 }
+DRAWN_ONLY = ["counts-only-the-last-victims-blocks"]  # only the drawn crowds catch these
 NAMED_BY = {
     "pops-admitted-requests-off-the-queue": "your schedule() changed the `waiting` list it was given",
     "marks-the-victims-seats-free-in-the-seats-list": "your schedule() changed the `seats` list it was given",
@@ -432,6 +466,14 @@ def test_the_exact_growth_crowd_needs_every_free_block_at_step_1():
 def test_the_checks_catch_a_wrong_continuous_policy(mistake):
     with pytest.raises(AssertionError):
         check_all(lambda: Continuous(**mistake))
+
+
+@CHECKS
+@pytest.mark.parametrize("name", DRAWN_ONLY)
+def test_the_drawn_crowds_catch_what_the_cases_miss(name):
+    check_cases(lambda: Continuous(**WRONG[name]))  # every hand-built crowd passes it
+    with pytest.raises(AssertionError, match="you preempted"):
+        check_drawn_crowds(lambda: Continuous(**WRONG[name]))
 
 
 @CHECKS

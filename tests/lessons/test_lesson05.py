@@ -6,6 +6,18 @@ their arguments as they were, the gather with one indexing op whatever the batch
 together serve a crowd through the real engine, token for token.
 
 WRONG (below) lists the mistakes a room makes, each caught; RIGHT, parts written differently that must pass.
+
+Then the differential checks (tests/lessons/drawn/lesson05.py), each part against the reference on 60 drawn inputs
+(seeded: the same every run; MINILLM_CHECK_EXAMPLES=N draws N), the smallest that differs shown first. Strategies:
+- the allocator: pools of 1 to 12 blocks of 1 to 5 tokens; 1 to 10 appends (of a block's size, one less, one more,
+  two blocks, three and a token, or anything up to that) and frees on sequences 0 to 3, so that appends end on a
+  boundary, one short and one past it, fill the pool exactly and overflow it; the outcome of each operation and
+  the books after it (check_books) compared;
+- slot_mapping: 0 to 5 distinct blocks of 8 in any order, blocks of 1 to 8 tokens, positions a whole prefill, a
+  chunk, one decode position (a block's last slot, the next block's first) or none;
+- paged_gather: pools of 1 to 6 blocks of 1 to 4 tokens, 1 to 3 kv heads, head_dim 1 to 3, in float32, float16,
+  bfloat16 and float64; 1 to 3 rows of 1 to 4 block ids with repeats; value, shape and dtype compared.
+DRAWN_ONLY names the wrong parts only the drawn inputs catch.
 """
 
 from __future__ import annotations
@@ -22,6 +34,7 @@ from torch.overrides import TorchFunctionMode
 from minillm.engine.blocks import BlockAllocator, BlockPoolExhausted
 from minillm.engine.kv_cache import slot_mapping as tensor_slot_mapping
 from minillm.model.attention import attend, paged_gather, visible_mask
+from tests.lessons.drawn.lesson05 import check_drawn
 from tests.lessons.harness import (
     CHECKS,
     crowd,
@@ -383,7 +396,16 @@ def check_in_the_model(paging) -> None:
     )
 
 
+def check_drawn_inputs(paging) -> None:
+    check_drawn(paging, check_books)
+
+
 def check_all(paging) -> None:
+    check_cases(paging)
+    check_drawn_inputs(paging)
+
+
+def check_cases(paging) -> None:
     check_boundaries(paging.Allocator)
     check_exhaustion(paging.Allocator)
     check_random_operations(paging.Allocator)
@@ -414,6 +436,10 @@ def test_paged_gather_equals_a_loop(paging):
 
 def test_all_three_serve_sequences_through_the_model_token_exact(paging):
     check_in_the_model(paging)
+
+
+def test_all_three_equal_the_reference_on_drawn_inputs(paging):
+    check_drawn_inputs(paging)
 
 
 # --- the checks catch plausible mistakes --------------------------------------------------------
@@ -528,6 +554,13 @@ def gather_row_by_row(pool, block_tables):  # the right rows, one indexing op pe
     return torch.stack([pool[table].flatten(0, 1) for table in block_tables])
 
 
+def gather_into_zeros(pool, block_tables):  # the right numbers, in a float32 tensor whatever the pool holds
+    B, max_blocks = block_tables.shape
+    out = torch.zeros(B, max_blocks * pool.shape[1], *pool.shape[2:])  # (no dtype: float32)
+    out[:] = pool[block_tables].flatten(1, 2)
+    return out
+
+
 EDGE_WRONG = {
     "allocator-refuses-when-the-free-list-is-empty": (
         variant(Allocator=allocator(empty_refuses=True)), check_exhaustion, "a full pool, tokens 14..16"),
@@ -540,6 +573,9 @@ EDGE_WRONG = {
     "gather-loops-over-rows": (variant(paged_gather=gather_row_by_row), check_gather, "one row of 1 block vs six"),
 }  # fmt: skip
 WRONG |= {name: wrong for name, (wrong, *_) in EDGE_WRONG.items()}
+# right on every hand-built case (their pools are float32, as the model's); the drawn pools of other dtypes catch it
+DRAWN_ONLY = {"gather-into-a-float32-tensor": (variant(paged_gather=gather_into_zeros), "your gather returns")}
+WRONG |= {name: wrong for name, (wrong, _) in DRAWN_ONLY.items()}
 
 
 def divmod_slot_mapping(block_table, positions, block_size):
@@ -649,6 +685,16 @@ def test_an_edge_case_catches_its_mistake_and_names_the_situation_first(name):
     with pytest.raises(AssertionError) as caught:
         check(getattr(wrong, part))
     assert situation in str(caught.value).splitlines()[0], str(caught.value)
+
+
+@CHECKS
+@pytest.mark.parametrize("name", DRAWN_ONLY)
+def test_the_drawn_inputs_catch_what_the_cases_miss(name):
+    wrong, begins = DRAWN_ONLY[name]
+    check_cases(wrong)  # every hand-built case passes it
+    with pytest.raises(AssertionError) as failure:
+        check_drawn_inputs(wrong)
+    assert begins in str(failure.value).splitlines()[0], str(failure.value)
 
 
 @CHECKS

@@ -12,6 +12,16 @@ scheduler must decide alike on the same crowd (no state carried from one run to 
 
 WRONG_METRICS and WRONG_POLICIES (below) list the mistakes a room makes, each caught (an aborted request
 kept included); RIGHT_METRICS and RIGHT_POLICIES, answers written differently that must pass.
+
+Then part 1's differential check (tests/lessons/drawn/lesson06.py): your ttft_tpot against the reference on the
+traces of 60 drawn runs (seeded: the same every run; MINILLM_CHECK_EXAMPLES=N draws N), each compared as the real
+trace is, the smallest run that differs shown first. Its strategies: 0 to 5 requests on 1 to 3 seats, served by
+the real engine with a countdown stand-in model: replies that end on EOS at once, after one token or more, or on
+their caps of 1 to 8 (a cap of 0: rejected); arrivals at steps 0 to 4; prompts sharing a start; and each engine
+mode drawn on or off: chunked prefill (a budget of 1 to 6 tokens), a tight paged pool (preemption), prefix caching,
+speculation (1 to 3 guesses a step by prompt lookup: several tokens in one step, TPOT below 1), an abort at a drawn
+step, a run cut short. Part 2 has no differential check: many policies are right, and the judgement on the crowds
+is the check. DRAWN_ONLY names the wrong answers only the drawn traces catch.
 """
 
 from __future__ import annotations
@@ -33,6 +43,7 @@ from minillm.layers import LayeredEngine
 from minillm.layers.trace import Trace
 from minillm.model.tokenizer import EOS, encode_prompt
 from minillm.runs.metrics import per_request
+from tests.lessons.drawn.lesson06 import check_drawn
 from tests.lessons.harness import (
     CHECKS,
     assert_writes_its_own_policy,
@@ -193,8 +204,16 @@ def check_one_trace(ttft_tpot, trace: Trace, situation: str) -> None:
             assert ok, f"{situation}{describe(trace, rid)}: expected {key} {value}, got {mine}"
 
 
+def check_drawn_traces(ttft_tpot) -> None:
+    check_drawn(ttft_tpot, check_one_trace)
+
+
 def test_ttft_and_tpot_equal_the_reference_on_a_real_trace(ttft_tpot):
     check_trace(ttft_tpot)
+
+
+def test_ttft_and_tpot_equal_the_reference_on_drawn_traces(ttft_tpot):
+    check_drawn_traces(ttft_tpot)
 
 
 # --- part 2: a policy that beats FCFS on TTFT p90 without starving anyone ----------------------------
@@ -310,6 +329,26 @@ def from_the_steps(trace):
     return out
 
 
+def one_entry_per_step(trace):
+    """Wrong, yet right on every hand-built trace: each request's tokens read off the steps, a step that produced
+    any counted as one token (true without speculation; with it, a step may produce several)."""
+    made: dict[str, list[int]] = {}
+    for s in trace.steps:
+        for _seat, rid, _state, _ran, produced in s.seats:
+            if produced:
+                made.setdefault(rid, []).append(s.step)
+    out = {}
+    for r in trace.requests:
+        if r.finish_reason in ("eos", "length"):
+            steps = made[r.id]
+            tpot = (steps[-1] - steps[0]) / (len(steps) - 1) if len(steps) > 1 else None
+            out[r.id] = {"ttft_steps": steps[0] - r.arrival_step + 1, "tpot_steps": tpot}
+    return out
+
+
+DRAWN_ONLY = {"counts-a-step-as-one-token": one_entry_per_step}  # only the drawn traces catch these
+
+
 def comprehension(trace):
     """Right, written differently: one dict comprehension, the EOS counted as a token on a list copy."""
 
@@ -404,6 +443,7 @@ WRONG_POLICIES = {
 @pytest.mark.parametrize("right", RIGHT_METRICS.values(), ids=RIGHT_METRICS.keys())
 def test_a_correct_version_passes(right):
     check_trace(right)
+    check_drawn_traces(right)
 
 
 @CHECKS
@@ -428,6 +468,17 @@ def test_the_checks_catch_wrong_metrics(mistake):
     RESULTS.clear()
     with pytest.raises(AssertionError):
         check_trace(make_metrics(**mistake))
+    RESULTS.clear()
+    with pytest.raises(AssertionError):  # the drawn traces catch each too
+        check_drawn_traces(make_metrics(**mistake))
+
+
+@CHECKS
+@pytest.mark.parametrize("name", DRAWN_ONLY)
+def test_the_drawn_traces_catch_what_the_cases_miss(name):
+    check_trace(DRAWN_ONLY[name])  # the hand-built traces pass it
+    with pytest.raises(AssertionError, match="speculation"):
+        check_drawn_traces(DRAWN_ONLY[name])
 
 
 @CHECKS

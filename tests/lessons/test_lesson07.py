@@ -11,6 +11,15 @@ way (units converted first, loops, numpy numbers, integer division at the end: W
 
 The answer is the ideal roofline, the lesson's formula; the full suite also holds it against minillm.card.roofline,
 which adds the small terms (activations, attention FLOPs, lm_head's logits, whole KV blocks, a reserve it counts).
+
+Then the differential checks (tests/lessons/drawn/lesson07.py): each function against the answer on 100 drawn cases
+(seeded: the same every run; MINILLM_CHECK_EXAMPLES=N draws N), through the same referee (a likely mistake named
+first), the smallest case that differs shown. Strategies: models of 1 to 128 layers, 1 to 16 kv heads serving 1 to
+8 query heads each, head_dim 1 to 256, tied tables or not; cards of 1 to 200 GiB, 50 to 8,000 GB/s, 10 to 2,000
+TFLOP/s, dense or with sparsity; weights of 32, 16, 8, 4.125, 4 bits; KV of 32, 16, 8, 4 bits (not whole bytes);
+batches 1 to 4,096; contexts 0, 1, 16, 4,096, 200,000 (step time) and 1 to 200,000 (users); utilization 0.05 to 1,
+reserves 0 to 4 GiB; for max_users half the cards sized to hold exactly 0, 1, 2 or 7 users to the byte, or a byte
+less. DRAWN_ONLY names the mistakes only the drawn cases catch.
 """
 
 from __future__ import annotations
@@ -27,6 +36,7 @@ import pytest
 from minillm.card import roofline
 from minillm.card.hardware import DEVICES
 from minillm.card.modelspec import ModelSpec, load_spec, shipped_models
+from tests.lessons.drawn.lesson07 import check_drawn
 from tests.lessons.harness import CHECKS, implementations, stub, student_module
 
 lesson = pytest.mark.lesson07  # your code's checks: pytest -m lesson07
@@ -60,6 +70,8 @@ KNOWN_MISTAKES = {
     "(model.heads): that is what grouped-query attention saves",
     "no-2": "each token stores a key AND a value: 2 x layers x kv_heads x head_dim numbers",
     "kv-bits": "kv_bits are bits: a cached number takes kv_bits / 8 bytes",
+    "kv-floor-bits": "4 // 8 is 0: a cached number of kv_bits bits takes kv_bits / 8 bytes (/, not //: KV need not be "
+    "whole bytes)",
     # decode_step_time
     "sparse": "the card's figure is printed with sparsity (card.with_sparsity): a dense model gets half of it",
     "always-halved": "halve the printed figure only when card.with_sparsity says it counts sparsity; this card "
@@ -101,14 +113,18 @@ KNOWN_MISTAKES = {
 def answer(mistake: str | None = None) -> SimpleNamespace:
     """The reference implementation; with `mistake` (a KNOWN_MISTAKES key), the same with that one mistake."""
 
-    def to_bytes(bits):
-        return bits // 8 if mistake == "floor-bits" else bits / 8
+    def to_bytes(bits, kv=False):
+        return bits // 8 if mistake == "floor-bits" or (kv and mistake == "kv-floor-bits") else bits / 8
 
     def kv_bytes_per_token(model, kv_bits=16):
         heads = model.heads if mistake == "no-gqa" else model.kv_heads
         k_and_v = 1 if mistake == "no-2" else 2
         return (
-            k_and_v * model.layers * heads * model.head_dim * (kv_bits if mistake == "kv-bits" else to_bytes(kv_bits))
+            k_and_v
+            * model.layers
+            * heads
+            * model.head_dim
+            * (kv_bits if mistake == "kv-bits" else to_bytes(kv_bits, True))
         )
 
     def weight_bytes(params, weight_bits):
@@ -423,10 +439,22 @@ def check_users(impl) -> None:
     check("max_users", impl.max_users, users_cases(models, cards), explain_users)
 
 
-def check_all(impl) -> None:
+EXPLAIN = {"kv_bytes_per_token": explain_kv, "decode_step_time": explain_step, "max_users": explain_users}
+
+
+def check_drawn_inputs(impl) -> None:
+    check_drawn(impl, check, EXPLAIN, answer().kv_bytes_per_token)
+
+
+def check_cases(impl) -> None:
     check_kv(impl)
     check_step(impl)
     check_users(impl)
+
+
+def check_all(impl) -> None:
+    check_cases(impl)
+    check_drawn_inputs(impl)
 
 
 # --- your code ----------------------------------------------------------------------------------------
@@ -440,6 +468,10 @@ def test_decode_step_time(impl):
 
 def test_max_users(impl):
     check_users(impl)
+
+
+def test_all_three_equal_the_answer_on_drawn_models_cards_and_loads(impl):
+    check_drawn_inputs(impl)
 
 
 # --- the answer itself ----------------------------------------------------------------------------------
@@ -504,6 +536,18 @@ def test_the_checks_catch_a_mistake_and_name_it_first(mistake):
         check_all(answer(mistake))
     message = str(caught.value)
     assert message.startswith(f"likely mistake: {KNOWN_MISTAKES[mistake]}\n"), message
+
+
+DRAWN_ONLY = ["kv-floor-bits"]  # right on every hand-built case (their KV is 16 or 8 bits): the drawn cases catch it
+
+
+@CHECKS
+@pytest.mark.parametrize("mistake", DRAWN_ONLY)
+def test_the_drawn_cases_catch_what_the_cases_miss(mistake):
+    check_cases(answer(mistake))  # every hand-built case passes it
+    with pytest.raises(AssertionError) as caught:
+        check_drawn_inputs(answer(mistake))
+    assert str(caught.value).startswith(f"likely mistake: {KNOWN_MISTAKES[mistake]}\n"), str(caught.value)
 
 
 @CHECKS

@@ -7,6 +7,14 @@ Checked on hand-made situations, then inside the real engine, step by step and t
 
 WRONG (below) lists the mistakes a room makes, each caught and named; RIGHT, planners written differently
 that must pass.
+
+Then the differential check (tests/lessons/drawn/lesson08.py): your plan against the reference on 100 drawn steps
+(seeded: the same every run; MINILLM_CHECK_EXAMPLES=N draws N), each compared and diagnosed as the situations above,
+the smallest that differs shown first. Its strategies: 0 to 4 seated requests, each decoding, prefilling (one token
+left on purpose) or back from a preemption and recomputing (exactly its prompt back on purpose), their seat order,
+admission order and arrival order all drawn apart; 0 to 4 queued, new or back from a preemption; 0 to 3 free seats;
+no budget, or one at the edges (the decode rows exactly, one less, the seated prompts too, one more, the head of the
+queue too) or anywhere from 1 to 40. DRAWN_ONLY names the wrong plans only the drawn steps catch.
 """
 
 from __future__ import annotations
@@ -19,6 +27,7 @@ import pytest
 
 from minillm.engine.request import Request, State
 from minillm.engine.scheduler import admit_in_order, decode_first, share_budget
+from tests.lessons.drawn.lesson08 import check_drawn
 from tests.lessons.harness import (
     CHECKS,
     assert_served_everyone,
@@ -362,10 +371,19 @@ def check_engine(plan_step, budget) -> None:
     assert_served_everyone(engine, requests, blame="your plan_step")
 
 
-def check_all(plan_step) -> None:
+def check_drawn_steps(plan_step) -> None:
+    check_drawn(plan_step, check_plan)
+
+
+def check_cases(plan_step) -> None:
     check_situations(plan_step)
     for budget in ENGINE_BUDGETS:
         check_engine(plan_step, budget)
+
+
+def check_all(plan_step) -> None:
+    check_cases(plan_step)
+    check_drawn_steps(plan_step)
 
 
 @pytest.mark.parametrize("name", SITUATIONS)
@@ -378,12 +396,16 @@ def test_the_real_engine_serves_a_crowd_token_exact(plan_step, budget):
     check_engine(plan_step, budget)
 
 
+def test_a_plan_equals_the_reference_on_drawn_steps(plan_step):
+    check_drawn_steps(plan_step)
+
+
 # --- the checks catch plausible mistakes ----------------------------------------------------------
 def written_out(
     decode_first_=True, seat_order=False, prompts_before_newcomers=True, chunks=True, jumps=False, count_decode=True,
     shared=True, decode_runs_ahead=False, prompt_only=False, seats_matter=True, decoding="is_decoding",
     prompts_by="admit_order", queue_by=None, empty_boarding=False, zeros=False, whole_rests=False, by_arrival=(),
-    seat_check="before", mutates=None,
+    seat_check="before", mutates=None, shortcut_without_budget=False,
 ):  # fmt: skip
     """A plan_step written out, with switches for the mistakes below (zeros=True: right, written differently)."""
     is_decode = {
@@ -394,6 +416,9 @@ def written_out(
     }[decoding]
 
     def plan(running, waiting, free_seats, budget):
+        if shortcut_without_budget and budget is None:  # "nothing to share": everyone runs it all (the newcomers
+            admitted = list(waiting[:free_seats])  # their prompts only, forgetting a returning one's old reply: wrong)
+            return admitted, {r.id: r.num_pending for r in running} | {r.id: len(r.prompt_ids) for r in admitted}
         left, tokens, admitted = math.inf if budget is None else budget, {}, []
         if zeros:
             tokens = {r.id: 0 for r in running}
@@ -491,7 +516,11 @@ WRONG = {
     "pops-newcomers-off-the-queue": (dict(mutates="pops_queue"), "changed the waiting list it was given"),
     "sorts-the-running-list-in-place": (dict(mutates="sorts_running"), "changed the running list it was given"),
     "writes-num-computed": (dict(mutates="advances_requests"), "num_computed"),
+    # right on every hand-built situation and engine run (none without a budget has a request back from a
+    # preemption in the queue); the drawn steps catch it
+    "a-shortcut-without-a-budget-runs-prompts-only": (dict(shortcut_without_budget=True), "after a preemption"),
 }
+DRAWN_ONLY = ["a-shortcut-without-a-budget-runs-prompts-only"]  # only the drawn steps catch these
 EDGE = {  # the mistake, and the situation whose check must catch it first
     "a-row-whose-prompt-is-cached-counts-as-decoding": "a returning request whose prompt is back in the cache",
     "decode-rows-by-arrival": "decode rows: the first to arrive was admitted last",
@@ -572,6 +601,16 @@ def test_an_edge_situation_catches_its_mistake_first_and_names_itself(name):
         check_situations(written_out(**switches))
     message = str(caught.value)
     assert message.startswith(f"{before}: ") and hint in message, message
+
+
+@CHECKS
+@pytest.mark.parametrize("name", DRAWN_ONLY)
+def test_the_drawn_steps_catch_what_the_cases_miss(name):
+    switches, hint = WRONG[name]
+    check_cases(written_out(**switches))  # every hand-built situation and engine run passes it
+    with pytest.raises(AssertionError, match=hint) as caught:
+        check_drawn_steps(written_out(**switches))
+    assert str(caught.value).startswith("a drawn step: budget None"), str(caught.value)
 
 
 @CHECKS

@@ -8,6 +8,16 @@ under random admissions, growths and frees, then inside the real engine, token f
 
 WRONG (below) lists the mistakes a room makes, each caught and named; RIGHT, versions written differently
 (Python's hash, nested or flat tuples, text keys, a walk trimmed afterwards, keys kept up per sequence) that must pass.
+
+Then the differential check (tests/lessons/drawn/lesson09.py): your allocator beside the reference on 120 drawn
+histories (seeded: the same every run; MINILLM_CHECK_EXAMPLES=N draws N), operation by operation, the smallest that
+differs shown first. Its strategies: pools of 2, 3, 4, 6 or 12 blocks of 1, 2 or 4 tokens; up to 14 admissions
+(prompts that start like one of three runs of the ids 0, 1 and BOS, 1 token to six blocks long, whole blocks and one
+past on purpose), growths by 1 to 6 tokens, each keyed up to the tokens computed (all, or all but a token or a
+block's worth: a chunk in flight), and frees on sequences 0 to 3 (free cached blocks hit and evicted). Where a key
+has several copies the reference takes the copy you took; then tables, lengths, reference counts, the free list in
+its order, the keyed blocks and which share a key must be the reference's, every hit count too. DRAWN_ONLY names the
+wrong allocators only the drawn histories catch.
 """
 
 from __future__ import annotations
@@ -28,6 +38,7 @@ from minillm.engine.engine import Engine
 from minillm.engine.request import Request
 from minillm.engine.scheduler import ContinuousScheduler
 from minillm.layers import LayeredEngine
+from tests.lessons.drawn.lesson09 import check_drawn
 from tests.lessons.harness import CHECKS, expected_reply, first_difference, implementations, small_model, student_module
 
 lesson = pytest.mark.lesson09  # your code's checks: pytest -m lesson09
@@ -583,11 +594,20 @@ def check_engine(Allocator, budget: int, num_blocks: int | None) -> Engine:
     return engine
 
 
-def check_all(Allocator, key_strength=check_key_strength) -> None:
+def check_drawn_histories(Allocator) -> None:
+    check_drawn(Allocator, ReferencePrefixAllocator)
+
+
+def check_cases(Allocator, key_strength=check_key_strength) -> None:
     for check in CHECKS_IN_ORDER.values():
         (key_strength if check is check_key_strength else check)(Allocator)
     for run in ENGINE_RUNS.values():
         check_engine(Allocator, **run)
+
+
+def check_all(Allocator, key_strength=check_key_strength) -> None:
+    check_cases(Allocator, key_strength)
+    check_drawn_histories(Allocator)
 
 
 CHECKS_IN_ORDER = {
@@ -618,18 +638,22 @@ def test_the_real_engine_serves_shared_prompts_token_exact(Allocator, run):
     check_engine(Allocator, **ENGINE_RUNS[run])
 
 
+def test_the_allocator_keeps_the_references_books_on_drawn_histories(Allocator):
+    check_drawn_histories(Allocator)
+
+
 # --- the checks catch plausible mistakes ------------------------------------------------------------
 class Written(BlockAllocator):
     """The exercise written out, with switches for the mistakes below."""
 
     def __init__(self, num_blocks, block_size, chain=True, partial=False, whole=False, off_list=True, newest=False,
                  forget=True, first_only=False, every_copy=False, keys="sha256", last_block=False, holders="add",
-                 forget_one_book=False, trim=None, pops=False, progress=None):  # fmt: skip
+                 forget_one_book=False, trim=None, pops=False, progress=None, full_by="computed"):  # fmt: skip
         super().__init__(num_blocks, block_size, prefix_caching=True)
         self.chain, self.partial, self.whole, self.off_list = chain, partial, whole, off_list
         self.newest, self.forget, self.first_only, self.every_copy = newest, forget, first_only, every_copy
         self.keys, self.last_block, self.holders, self.forget_one_book = keys, last_block, holders, forget_one_book
-        self.trim, self.pops, self.progress = trim, pops, progress
+        self.trim, self.pops, self.progress, self.full_by = trim, pops, progress, full_by
         self.keyed_so_far = {}  # (progress) seq -> (its leading blocks keyed, the last one's key)
 
     def key(self, previous, token_ids):
@@ -679,6 +703,8 @@ class Written(BlockAllocator):
     def cache_full_blocks(self, seq, token_ids):
         bs, table, key = self.block_size, self.tables[seq], b""
         count = -(-len(token_ids) // bs) if self.partial else len(token_ids) // bs
+        if self.full_by == "length":  # the blocks its stored tokens fill, computed or not (wrong: a chunk in flight)
+            count = self.lengths[seq] // bs
         done, key = self.keyed_so_far.get(seq, (0, b"")) if self.progress else (0, b"")  # (go on where it stopped)
         for i in range(done, count):
             key = self.key(key, token_ids[i * bs : (i + 1) * bs])
@@ -761,7 +787,11 @@ WRONG = {
     "drops-a-hit-from-every-whole-block-prompt": (dict(trim="whole-blocks"), "a run that stops on a miss"),
     "remembers-a-freed-sequences-progress": (dict(progress="kept"), "a sequence id used again"),
     "cuts-the-last-token-off-the-callers-list": (dict(pops=True), "a side effect: cached_prefix"),
+    # right on every hand-built check and engine run (each keys a sequence's blocks once all its stored tokens are
+    # computed); the drawn histories catch it, keying a block whose tokens are stored but not computed yet
+    "keys-the-blocks-its-length-fills": (dict(full_by="length"), "with a pool of"),  # (its situation first)
 }
+DRAWN_ONLY = ["keys-the-blocks-its-length-fills"]  # only the drawn histories catch these
 RIGHT = {
     "sha256-keys": dict(),
     "python-hash-keys": dict(keys="hash"),
@@ -791,6 +821,16 @@ def test_the_checks_catch_a_wrong_allocator_and_name_the_mistake(name):
         check_written(**mistake)
     if name in SITUATION_FIRST:  # a student sees the first lines: the situation comes first
         assert str(caught.value).startswith(hint), str(caught.value)
+
+
+@CHECKS
+@pytest.mark.parametrize("name", DRAWN_ONLY)
+def test_the_drawn_histories_catch_what_the_cases_miss(name):
+    mistake, hint = WRONG[name]
+    once = lambda _: written_keys_are_strong(mistake.get("keys", "sha256"), mistake.get("chain", True))  # noqa: E731
+    check_cases(written(**mistake), key_strength=once)  # every hand-built check and engine run passes it
+    with pytest.raises(AssertionError, match=hint):
+        check_drawn_histories(written(**mistake))
 
 
 @CHECKS

@@ -11,6 +11,17 @@ stay a deque), a finished request still sitting in the seat static batching hold
 
 WRONG (below) lists the mistakes a room makes, each caught (the middle of the queue, a reason given, a
 rejected request, the finish time included); RIGHT, aborts written differently that must pass.
+
+Then the differential check (tests/lessons/drawn/lesson10.py): your abort and the reference's in two engines serving
+the same 50 drawn runs (seeded: the same every run; MINILLM_CHECK_EXAMPLES=N draws N), compared after every abort
+(the return, the seats, the queue, the requests not arrived yet, the free KV blocks, every request's state, reason
+and finish step, the finish time on the engine's clock) and at the end (every reply), the smallest run that differs
+shown first. Its strategies: 1 to 5 requests (replies ending on EOS at once or later, on their caps, or rejected),
+arriving at steps 0 to 3, on 1 to 3 seats; continuous or static batching; a tight paged pool (long replies arriving
+together: preemption), a roomy one, or contiguous KV; chunked prefill, prefix caching and speculation each on or
+off; 1 to 4 aborts at steps 0 to 6, each aimed at a place (queued back from a preemption, seated mid-prompt or
+mid-reply, queued, not arrived, finished or rejected, holding a static seat, an unknown id), with the default
+reason or one given. DRAWN_ONLY names the wrong aborts only the drawn runs catch.
 """
 
 from __future__ import annotations
@@ -28,6 +39,7 @@ from minillm.engine.scheduler import ContinuousScheduler, StaticScheduler
 from minillm.layers import LayeredEngine
 from minillm.serving.serve_loop import ServeLoop
 from minillm.serving.token_stream import TokenStream
+from tests.lessons.drawn.lesson10 import check_drawn
 from tests.lessons.harness import CHECKS, expected_reply, first_difference, implementations, small_model, stub
 from tests.lessons.harness import student_module as student
 
@@ -453,11 +465,15 @@ def test_your_abort_in_the_serve_loop(abort):
     check_in_the_serve_loop(abort)
 
 
+def test_your_abort_equals_the_reference_on_drawn_runs(abort):
+    check_drawn_runs(abort)
+
+
 # --- the checks catch plausible mistakes --------------------------------------------------------
 def make_abort(
     free_kv="cache", free_seat=True, pending=True, by_output=False, finished_too=False, mark=True, ret=True,
     finished="is_finished", head=False, keep_reason=True, clock="engine", first_with_the_id=False, by_arrival=False,
-    rebuild=None, forget=False,
+    rebuild=None, forget=False, by_admission=False,
 ):  # fmt: skip
     """An abort written out, with switches for the mistakes below."""
     done = {
@@ -475,6 +491,8 @@ def make_abort(
             return False if ret else None
         r = found[0]
         queued = (not r.output_ids) if by_output else r.seat is None
+        if by_admission:  # never admitted: queued; else seated (wrong: one preempted since is queued again)
+            queued = r.admit_step is None
         if by_arrival and queued:  # where it is told by its arrival step (wrong: a due arrival is still pending)
             (engine.pending if r.arrival_step > engine.step_no else engine.waiting).remove(r)
         elif queued or r.is_finished:
@@ -585,7 +603,11 @@ WRONG = {  # name: (the abort, words its first failure starts with; None: anywhe
     "a-seated-request-is-a-running-one": (abort_by_place, "a finished request whose seat the static policy"),
     "removes-the-seat-from-the-list": (make_abort(free_seat="remove"), "a side effect"),
     "takes-it-out-of-engine.requests": (make_abort(forget=True), "a side effect"),
+    # right on every hand-built check (none aborts a request back in the queue after a preemption); the drawn runs
+    # catch it
+    "a-request-once-admitted-is-taken-for-seated": (make_abort(by_admission=True), "with these"),
 }
+DRAWN_ONLY = ["a-request-once-admitted-is-taken-for-seated"]  # only the drawn runs catch these
 RIGHT = {
     "written-out": make_abort(),
     "searching-each-place": abort_by_search,
@@ -595,9 +617,18 @@ RIGHT = {
 }
 
 
-def check_all(abort) -> None:
+def check_drawn_runs(abort) -> None:
+    check_drawn(abort, reference_abort)
+
+
+def check_cases(abort) -> None:
     for check in CHECK_ALL:
         check(abort)
+
+
+def check_all(abort) -> None:
+    check_cases(abort)
+    check_drawn_runs(abort)
 
 
 @CHECKS
@@ -614,6 +645,15 @@ def test_the_checks_catch_a_wrong_abort(name):
         check_all(wrong)
     if situation is not None:  # a student sees the first lines: the situation comes first
         assert str(caught.value).startswith(situation), str(caught.value)
+
+
+@CHECKS
+@pytest.mark.parametrize("name", DRAWN_ONLY)
+def test_the_drawn_runs_catch_what_the_cases_miss(name):
+    wrong, _ = WRONG[name]
+    check_cases(wrong)  # every hand-built check passes it
+    with pytest.raises(AssertionError, match="back from a preemption"):
+        check_drawn_runs(wrong)
 
 
 @CHECKS

@@ -9,6 +9,13 @@ the guesses from them).
 
 WRONG (below) lists the mistakes a room makes, each caught and named; RIGHT, versions written differently that
 must pass.
+
+Then the differential check (tests/lessons/drawn/lesson11.py): your settle_row against the reference on 150 drawn
+rows (seeded: the same every run; MINILLM_CHECK_EXAMPLES=N draws N), the gain, the lists given and the cache's length
+compared, the smallest row that differs shown first. Its strategies: 0 to 5 guesses, the model agreeing with the
+first 0 to all of them, its later picks drawn again (a later guess may match after a miss), tokens from a small
+alphabet with 0, 255, EOS and PAD among them (the same token guessed twice, a pick equal to an earlier pick), the row
+at position 0, 1, 7 or 40 of seat 0 to 3. DRAWN_ONLY names the wrong versions only the drawn rows catch.
 """
 
 from __future__ import annotations
@@ -24,6 +31,7 @@ from minillm.engine.request import Request
 from minillm.engine.scheduler import ContinuousScheduler
 from minillm.layers import LayeredEngine
 from minillm.layers.speculate import settle_row as reference_settle_row
+from tests.lessons.drawn.lesson11 import check_drawn
 from tests.lessons.harness import CHECKS, expected_reply, first_difference, implementations, small_model, stub
 from tests.lessons.harness import student_module as student
 
@@ -75,6 +83,12 @@ def diagnose_gain(draft, picks, got) -> str:
     n = len(want) - 1
     if not isinstance(got, list) or not all(isinstance(t, int) for t in got):
         return f"return a list of token ids, got {got!r}"
+    k = len(got) - 1
+    if 0 <= k < n and got == draft[:k] + [picks[k]] and picks[k] == picks[n]:
+        return (
+            f"you stopped at place {k}, where the model first picked {picks[n]}, not at the miss (place {n}): "
+            "picks.index(pick) finds a token's first place; count the places (enumerate, or a counter)"
+        )
     if got == draft[: len(got)] and len(got) == n:
         return "you forgot the model's own token: after the guesses you keep, add picks[n], the model's pick there"
     if len(got) > len(want) and got[:n] == want[:n]:
@@ -175,11 +189,20 @@ def check_engine(settle_row, kv: str, k: int) -> None:
     assert kept < sum(trace.request(r.id).drafts_verified for r in requests)  # (misses happened)
 
 
-def check_all(settle_row) -> None:
+def check_drawn_rows(settle_row) -> None:
+    check_drawn(settle_row, RecordingCache, diagnose_gain)
+
+
+def check_cases(settle_row) -> None:
     for name in ROWS:
         check_row(settle_row, name)
     for kv in ("paged", "contiguous"):
         check_engine(settle_row, kv, 3)
+
+
+def check_all(settle_row) -> None:
+    check_cases(settle_row)
+    check_drawn_rows(settle_row)
 
 
 @pytest.mark.parametrize("name", ROWS)
@@ -191,6 +214,10 @@ def test_a_verify_row_is_settled_by_the_rule(settle_row, name):
 @pytest.mark.parametrize("k", [1, 4])
 def test_the_real_engine_stays_token_exact_and_keeps_only_the_kept_tokens(settle_row, kv, k):
     check_engine(settle_row, kv, k)
+
+
+def test_a_verify_row_is_settled_as_the_reference_on_drawn_rows(settle_row):
+    check_drawn_rows(settle_row)
 
 
 # --- the checks catch plausible mistakes ----------------------------------------------------------
@@ -226,6 +253,18 @@ def cuts_the_draft_in_place(draft, picks, cache, seat, computed):
     if rejected:
         cache.truncate(seat, computed + len(draft))
     return draft
+
+
+def finds_the_miss_with_picks_index(draft, picks, cache, seat, computed):
+    """Wrong: picks.index(pick) is the first place the model picked that token, not the place of the miss."""
+    n = len(draft)
+    for guess, pick in zip(draft, picks):
+        if guess != pick:
+            n = picks.index(pick)
+            break
+    if n < len(draft):
+        cache.truncate(seat, computed + n + 1)
+    return draft[:n] + [picks[n]]
 
 
 def finds_the_miss_with_index(draft, picks, cache, seat, computed):
@@ -282,7 +321,11 @@ WRONG = {
     # caught by one check only, which names the situation first
     "cuts-the-draft-in-place": (cuts_the_draft_in_place, "every guess right: a side effect"),
     "finds-the-miss-with-index": (finds_the_miss_with_index, "repeated guesses, the third wrong"),
+    # right on every hand-built row and engine run (no miss there is a token the model picked earlier in the row);
+    # the drawn rows catch it
+    "finds-the-miss-with-picks-index": (finds_the_miss_with_picks_index, "with draft"),
 }
+DRAWN_ONLY = ["finds-the-miss-with-picks-index"]  # only the drawn rows catch these
 RIGHT = {
     "written-out": written_out(),
     "slices-the-picks": slices_the_picks,
@@ -305,6 +348,15 @@ def test_the_checks_catch_a_wrong_settle_and_name_the_mistake(name):
         check_all(wrong if callable(wrong) else written_out(**wrong))
     if callable(wrong):  # a student sees the first lines: the situation comes first
         assert str(caught.value).startswith(hint), str(caught.value)
+
+
+@CHECKS
+@pytest.mark.parametrize("name", DRAWN_ONLY)
+def test_the_drawn_rows_catch_what_the_cases_miss(name):
+    wrong, _ = WRONG[name]
+    check_cases(wrong)  # every hand-built row and engine run passes it
+    with pytest.raises(AssertionError, match="picks.index"):
+        check_drawn_rows(wrong)
 
 
 @CHECKS

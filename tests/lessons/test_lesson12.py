@@ -7,11 +7,21 @@ answer's numbers for Llama-3.1-8B and -70B and two toy models at several tp and 
 you are given must come back unchanged. A failing check's first line names the situation (which weight, which card,
 what you took): WRONG (below) lists the mistakes a room makes, each caught and named; RIGHT, correct versions
 written differently that must pass.
+
+Then the differential checks (tests/lessons/drawn/lesson12.py): each function against the reference on 60 drawn
+cases (seeded: the same every run; MINILLM_CHECK_EXAMPLES=N draws N), through the same checks and diagnoses, the
+smallest case that differs shown first. Strategies: shard_qkv with 1, 2, 3, 4 or 6 kv heads read by 1 to 3 query
+heads each, head_dim 1 to 5, dim 1 to 12, tp any divisor of the kv heads (several kv heads a card, one, or all),
+every rank; shard_down on (1 to 8, tp x 1 to 4) weights, tp 1 to 4; tp_mlp on 1 to 3 tokens of width 1 to 8, ffn tp
+x 1 to 4, tp 1 to 4; card_memory_gib on 1 to 10**11 weights, 0 to 10**6 KV bytes a token and tokens, tp 1 to 8,
+32/16/8/4.125/4-bit weights; allreduce_bytes on hidden 1 to 16,384, 1 to 128 layers, 1 to 4,096 tokens, tp 1 to 8,
+32/16/8/4-bit activations. DRAWN_ONLY names the wrong versions only the drawn cases catch.
 """
 
 from __future__ import annotations
 
 import math
+import sys
 from types import SimpleNamespace
 
 import pytest
@@ -23,6 +33,7 @@ from minillm.card.hardware import DEVICES
 from minillm.card.modelspec import load_spec
 from minillm.card.tensor_parallel import rank_spec, tp_step
 from minillm.parallel.shard import rows_of
+from tests.lessons.drawn.lesson12 import check_drawn
 from tests.lessons.harness import CHECKS, case, failure_of, implementations, raised_in_your_code, stub
 from tests.lessons.harness import check_numbers as harness_check_numbers
 from tests.lessons.harness import student_module as student
@@ -133,46 +144,51 @@ def diagnose_qkv(got, qkv, heads, kv_heads, head_dim, rank, tp) -> str:
 
 def check_qkv(impl) -> None:
     for heads, kv_heads, head_dim, dim, tp in QKV_SHAPES:
-        qkv = numbered((heads + 2 * kv_heads) * head_dim, dim)
         for rank in range(tp):
-            where = (
-                f"shard_qkv, {heads} query heads and {kv_heads} kv heads of {head_dim}, dim {dim}, card {rank} of {tp}"
-            )
-            given = qkv.clone()
-            with case(where):
-                got = impl.shard_qkv(given, heads, kv_heads, head_dim, rank, tp)
-            unchanged("qkv weight", given, qkv, where)
-            want = shard_qkv(qkv, heads, kv_heads, head_dim, rank, tp)
-            assert isinstance(got, torch.Tensor), f"{where}: return a tensor, got {type(got).__name__}"
-            if got.shape != want.shape or not torch.equal(got, want):
-                raise AssertionError(f"{where}: {diagnose_qkv(got, qkv, heads, kv_heads, head_dim, rank, tp)}")
+            check_qkv_case(impl, heads, kv_heads, head_dim, dim, tp, rank)
+
+
+def check_qkv_case(impl, heads, kv_heads, head_dim, dim, tp, rank) -> None:
+    qkv = numbered((heads + 2 * kv_heads) * head_dim, dim)
+    where = f"shard_qkv, {heads} query heads and {kv_heads} kv heads of {head_dim}, dim {dim}, card {rank} of {tp}"
+    given = qkv.clone()
+    with case(where):
+        got = impl.shard_qkv(given, heads, kv_heads, head_dim, rank, tp)
+    unchanged("qkv weight", given, qkv, where)
+    want = shard_qkv(qkv, heads, kv_heads, head_dim, rank, tp)
+    assert isinstance(got, torch.Tensor), f"{where}: return a tensor, got {type(got).__name__}"
+    if got.shape != want.shape or not torch.equal(got, want):
+        raise AssertionError(f"{where}: {diagnose_qkv(got, qkv, heads, kv_heads, head_dim, rank, tp)}")
 
 
 # --- shard_down ------------------------------------------------------------------------------------------------
 def check_down(impl) -> None:
     for _, dim, ffn, tp in MLP_SHAPES:
-        down = numbered(dim, ffn)
         for rank in range(tp):
-            where = f"shard_down, a ({dim}, {ffn}) weight, card {rank} of {tp}"
-            given = down.clone()
-            with case(where):
-                got = impl.shard_down(given, rank, tp)
-            unchanged("down weight", given, down, where)
-            want = shard_down(down, rank, tp)
-            assert isinstance(got, torch.Tensor), f"{where}: return a tensor, got {type(got).__name__}"
-            if got.shape == want.shape and torch.equal(got, want):
-                continue
-            if got.shape == (dim // tp, ffn) or (got.shape[1:] == (ffn,) and torch.equal(got, rows_of(down, rank, tp))):
-                why = (
-                    "rows vs columns swapped: a row-parallel layer splits its INPUT features (the ffn columns this "
-                    "card computed), which are the columns of an nn.Linear weight (out, in); take columns, keep "
-                    "every row"
-                )
-            elif got.shape == want.T.shape and torch.equal(got, want.T):
-                why = f"you returned it transposed: keep nn.Linear's layout, ({dim}, {ffn // tp})"
-            else:
-                why = f"return a ({dim}, {ffn // tp}) weight: every row of down, this card's run of ffn columns"
-            raise AssertionError(f"{where}: {why}")
+            check_down_case(impl, dim, ffn, tp, rank)
+
+
+def check_down_case(impl, dim, ffn, tp, rank) -> None:
+    down = numbered(dim, ffn)
+    where = f"shard_down, a ({dim}, {ffn}) weight, card {rank} of {tp}"
+    given = down.clone()
+    with case(where):
+        got = impl.shard_down(given, rank, tp)
+    unchanged("down weight", given, down, where)
+    want = shard_down(down, rank, tp)
+    assert isinstance(got, torch.Tensor), f"{where}: return a tensor, got {type(got).__name__}"
+    if got.shape == want.shape and torch.equal(got, want):
+        return
+    if got.shape == (dim // tp, ffn) or (got.shape[1:] == (ffn,) and torch.equal(got, rows_of(down, rank, tp))):
+        why = (
+            "rows vs columns swapped: a row-parallel layer splits its INPUT features (the ffn columns this card "
+            "computed), which are the columns of an nn.Linear weight (out, in); take columns, keep every row"
+        )
+    elif got.shape == want.T.shape and torch.equal(got, want.T):
+        why = f"you returned it transposed: keep nn.Linear's layout, ({dim}, {ffn // tp})"
+    else:
+        why = f"return a ({dim}, {ffn // tp}) weight: every row of down, this card's run of ffn columns"
+    raise AssertionError(f"{where}: {why}")
 
 
 # --- tp_mlp ----------------------------------------------------------------------------------------------------
@@ -339,12 +355,21 @@ def check_allreduce(impl) -> None:
     check_numbers("allreduce_bytes", impl.allreduce_bytes, allreduce_cases())
 
 
-def check_all(impl) -> None:
+def check_drawn_inputs(impl) -> None:
+    check_drawn(impl, sys.modules[__name__])
+
+
+def check_cases(impl) -> None:
     check_qkv(impl)
     check_down(impl)
     check_mlp(impl)
     check_memory(impl)
     check_allreduce(impl)
+
+
+def check_all(impl) -> None:
+    check_cases(impl)
+    check_drawn_inputs(impl)
 
 
 # --- your code ----------------------------------------------------------------------------------------------------
@@ -367,6 +392,10 @@ def test_card_memory_gib(impl):
 
 def test_allreduce_bytes(impl):
     check_allreduce(impl)
+
+
+def test_all_five_equal_the_reference_on_drawn_shapes_and_numbers(impl):
+    check_drawn_inputs(impl)
 
 
 # --- the answer agrees with minillm ---------------------------------------------------------------------------
@@ -421,6 +450,17 @@ def qkv_all_kv(qkv, n_heads, n_kv_heads, head_dim, rank, tp):
     return torch.cat([rows_of(q, rank, tp), kv])
 
 
+def qkv_one_kv_head_per_card(qkv, n_heads, n_kv_heads, head_dim, rank, tp):
+    """Wrong: as Llama-70B on 8 cards, one kv head per card (kv head `rank`) and the query heads that read it; one
+    card keeps the whole weight. Right whenever tp is 1 or the number of kv heads."""
+    if tp == 1:
+        return qkv.clone()
+    group = n_heads // n_kv_heads
+    q, k, v = qkv.split([n_heads * head_dim, n_kv_heads * head_dim, n_kv_heads * head_dim])
+    one = slice(rank * head_dim, (rank + 1) * head_dim)  # kv head `rank`
+    return torch.cat([q[rank * group * head_dim : (rank + 1) * group * head_dim], k[one], v[one]])
+
+
 def down_rows(down, rank, tp):
     """Wrong: rows of a row-parallel layer."""
     return rows_of(down, rank, tp)
@@ -468,6 +508,8 @@ WRONG = {
     "qkv-cut-into-equal-runs": (with_(shard_qkv=qkv_chunked), "kv heads split unevenly"),
     "qkv-rows-vs-columns-swapped": (with_(shard_qkv=qkv_columns), "rows vs columns swapped"),
     "qkv-keeps-every-kv-head": (with_(shard_qkv=qkv_all_kv), "each card keeps only its own key/value heads"),
+    # right on every hand-built shape (each has one kv head per card, or one card); the drawn shapes catch it
+    "qkv-one-kv-head-per-card": (with_(shard_qkv=qkv_one_kv_head_per_card), "you took rows"),
     "down-rows-vs-columns-swapped": (with_(shard_down=down_rows), "rows vs columns swapped"),
     "the-reduction-after-the-column-layer": (with_(tp_mlp=mlp_written_out(reduce_after_gate_up=True)),
                                              "the reduction after the column layer"),
@@ -481,6 +523,7 @@ WRONG = {
     **{f"allreduce-{m}": (with_(allreduce_bytes=answer(m).allreduce_bytes), f"likely mistake: {KNOWN_MISTAKES[m]}")
        for m in ("no-ring", "half", "act-bits")},
 }  # fmt: skip
+DRAWN_ONLY = ["qkv-one-kv-head-per-card"]  # only the drawn shapes catch these
 
 
 def qkv_by_heads(qkv, n_heads, n_kv_heads, head_dim, rank, tp):
@@ -554,6 +597,15 @@ def test_the_checks_catch_a_wrong_version_and_name_the_mistake_first(name):
     assert hint in first, message
     if not hint.startswith("likely mistake"):  # the situation comes first: which function, shape and card
         assert first.startswith(("shard_qkv, ", "shard_down, ", "tp_mlp, ")), first
+
+
+@CHECKS
+@pytest.mark.parametrize("name", DRAWN_ONLY)
+def test_the_drawn_shapes_catch_what_the_cases_miss(name):
+    wrong, hint = WRONG[name]
+    check_cases(wrong)  # every hand-built shape passes it
+    first, message = failure_of(check_drawn_inputs, wrong)
+    assert first.startswith("shard_qkv, ") and hint in first, message
 
 
 @CHECKS

@@ -8,6 +8,17 @@ model's numbers (card/kv_transfer.py) for Llama-3.1-8B and -70B and a toy model 
 and sets you are given must come back unchanged. A failing check's first line names the situation, then the likely
 mistake: WRONG (below) lists the mistakes a room makes, each caught and named; RIGHT, correct versions written
 differently that must pass.
+
+Then the differential checks (tests/lessons/drawn/lesson13.py): each function against the reference on drawn cases
+(seeded: the same every run; MINILLM_CHECK_EXAMPLES=N draws N; 80 each, route 160), through the same checks, the
+smallest case that differs shown first. Strategies: prompt_keys on 0 to 40 ids (0, 255 and the special ids 256 to 259
+among them) in blocks of 1 to 8 (prompts ending on a boundary, one short, one past); matched_blocks on a drawn
+prompt's keys and a cache holding a run of them with holes and other prompts' keys; route on a 6-block prompt and 1
+to 4 replicas holding runs of 0 to 6 of its blocks (holes too), loads from 0, 5, 10, 20, 35, 40, 100 (ties of load
+and of run, a load exactly at the overload limit), cost 0, 10 or 20, min_match 0 to 3, overload_factor 1, 1.5 or 3;
+kv_bytes on 1 to 128 layers, 1 to 16 kv heads read by 1 to 8 query heads each, head_dim 1 to 256, 0 to 10**6
+tokens, 32/16/8/4-bit KV, tp any divisor of the kv heads; transfer_s on 0 to 10**11 bytes, 1 to 800 Gb/s, 0 to 100 us.
+DRAWN_ONLY names the wrong versions only the drawn cases catch.
 """
 
 from __future__ import annotations
@@ -15,12 +26,14 @@ from __future__ import annotations
 import ast
 import itertools
 import random
+import sys
 from pathlib import Path
 from types import SimpleNamespace
 
 import pytest
 
 from minillm.engine.blocks import BlockAllocator, block_key
+from tests.lessons.drawn.lesson13 import check_drawn
 from tests.lessons.harness import CHECKS, case, failure_of, implementations, stub
 from tests.lessons.harness import check_numbers as harness_check_numbers
 from tests.lessons.harness import student_module as student
@@ -128,14 +141,17 @@ def diagnose_keys(got, tokens, block_size) -> str:
 
 def check_keys(impl) -> None:
     for n, block_size in KEY_CASES:
-        tokens = numbered(n)
-        where = f"prompt_keys, a {n}-token prompt in blocks of {block_size}"
-        given = list(tokens)
-        with case(where):
-            got = impl.prompt_keys(given, block_size)
-        assert given == tokens, f"{where}: a side effect: your code changed the token list it was given"
-        if got != prompt_keys(tokens, block_size):
-            raise AssertionError(f"{where}: {diagnose_keys(got, tokens, block_size)}")
+        check_keys_case(impl, numbered(n), block_size, f"prompt_keys, a {n}-token prompt")
+
+
+def check_keys_case(impl, tokens: list[int], block_size: int, prompt: str) -> None:
+    where = f"{prompt} in blocks of {block_size}"
+    given = list(tokens)
+    with case(where):
+        got = impl.prompt_keys(given, block_size)
+    assert given == tokens, f"{where}: a side effect: your code changed the token list it was given"
+    if got != prompt_keys(tokens, block_size):
+        raise AssertionError(f"{where}: {diagnose_keys(got, tokens, block_size)}")
 
 
 # --- matched_blocks ------------------------------------------------------------------------------------------------
@@ -158,26 +174,30 @@ MATCH_CASES = [
 
 def check_matched(impl) -> None:
     for label, keys, cache in MATCH_CASES:
-        where = f"matched_blocks, a replica that {label}"
-        given_keys, given_cache = list(keys), set(cache)
-        with case(where):
-            got = impl.matched_blocks(given_keys, given_cache)
-        assert given_keys == keys and given_cache == cache, (
-            f"{where}: a side effect: your code changed the keys or the set it was given"
+        check_matched_case(impl, keys, cache, label)
+
+
+def check_matched_case(impl, keys: list[bytes], cache: set[bytes], label: str) -> None:
+    where = f"matched_blocks, a replica that {label}"
+    given_keys, given_cache = list(keys), set(cache)
+    with case(where):
+        got = impl.matched_blocks(given_keys, given_cache)
+    assert given_keys == keys and given_cache == cache, (
+        f"{where}: a side effect: your code changed the keys or the set it was given"
+    )
+    want = matched_blocks(keys, cache)
+    if got == want:
+        return
+    if got == sum(k in cache for k in keys):
+        why = (
+            "matches counted past the first miss: a block is only useful after all of its predecessors (its keys "
+            "and values were computed on theirs), so the run stops at the first key the replica lacks"
         )
-        want = matched_blocks(keys, cache)
-        if got == want:
-            continue
-        if got == sum(k in cache for k in keys):
-            why = (
-                "matches counted past the first miss: a block is only useful after all of its predecessors (its keys "
-                "and values were computed on theirs), so the run stops at the first key the replica lacks"
-            )
-        elif got == (len(keys) if all(k in cache for k in keys) else 0):
-            why = "all or nothing: a replica holding the first blocks gives those, however many follow"
-        else:
-            why = "count the leading keys it holds, in a run from the first"
-        raise AssertionError(f"{where}: yours gives {got!r}, the answer is {want}: {why}")
+    elif got == (len(keys) if all(k in cache for k in keys) else 0):
+        why = "all or nothing: a replica holding the first blocks gives those, however many follow"
+    else:
+        why = "count the leading keys it holds, in a run from the first"
+    raise AssertionError(f"{where}: yours gives {got!r}, the answer is {want}: {why}")
 
 
 # --- route ---------------------------------------------------------------------------------------------------------
@@ -226,16 +246,34 @@ ROUTE_CASES = [
 def check_route(impl) -> None:
     for label, loads, caches, cost, min_match, factor, answer, hints in ROUTE_CASES:
         where = f"route, {label}" + (f" (min_match {min_match})" if min_match != 2 else "")
-        given_loads, given_caches = list(loads), [set(c) for c in caches]
-        with case(where):
-            got = impl.route(list(K), given_loads, given_caches, cost, min_match, factor)
-        assert given_loads == loads and given_caches == caches, (
-            f"{where}: a side effect: your code changed the loads or the caches it was given"
+        check_route_case(impl, K, loads, caches, cost, min_match, factor, answer, hints, where)
+
+
+def check_route_case(impl, keys, loads, caches, cost, min_match, factor, answer, hints, where) -> None:
+    given_loads, given_caches = list(loads), [set(c) for c in caches]
+    with case(where):
+        got = impl.route(list(keys), given_loads, given_caches, cost, min_match, factor)
+    assert given_loads == loads and given_caches == caches, (
+        f"{where}: a side effect: your code changed the loads or the caches it was given"
+    )
+    assert isinstance(got, int) and not isinstance(got, bool), f"{where}: return a replica's index, got {got!r}"
+    if got != answer:
+        why = hints.get(got, f"the answer is replica {answer}")
+        raise AssertionError(f"{where}: you chose replica {got}: {why}{route_hint(keys, loads, caches, got, answer)}")
+
+
+def route_hint(keys, loads, caches, got, answer) -> str:
+    """A likely mistake that explains a drawn fleet's wrong choice, when one does."""
+    runs = [matched_blocks(keys, held) for held in caches]
+    least = [i for i, load in enumerate(loads) if load == min(loads)]
+    if answer == least[0] and got in least and len(least) > 1:
+        return (
+            f" (replicas {least} share the least load {min(loads)}: the fallback's ties go to the lower index, "
+            "whatever they hold)"
         )
-        assert isinstance(got, int) and not isinstance(got, bool), f"{where}: return a replica's index, got {got!r}"
-        if got != answer:
-            why = hints.get(got, f"the answer is replica {answer}")
-            raise AssertionError(f"{where}: you chose replica {got}: {why}")
+    if runs[got] == runs[answer] and loads[got] == loads[answer] and got > answer:
+        return " (equal runs and loads: the lower index)"
+    return ""
 
 
 # --- kv_bytes and transfer_s: the answer, and what a room gets wrong ---------------------------------------------
@@ -303,12 +341,21 @@ def check_transfer(impl) -> None:
     check_numbers("transfer_s", impl.transfer_s, transfer_cases())
 
 
-def check_all(impl) -> None:
+def check_drawn_inputs(impl) -> None:
+    check_drawn(impl, sys.modules[__name__])
+
+
+def check_cases(impl) -> None:
     check_keys(impl)
     check_matched(impl)
     check_route(impl)
     check_kv(impl)
     check_transfer(impl)
+
+
+def check_all(impl) -> None:
+    check_cases(impl)
+    check_drawn_inputs(impl)
 
 
 # --- your code ----------------------------------------------------------------------------------------------------
@@ -330,6 +377,10 @@ def test_kv_bytes(impl):
 
 def test_transfer_s(impl):
     check_transfer(impl)
+
+
+def test_all_five_equal_the_reference_on_drawn_prompts_fleets_and_numbers(impl):
+    check_drawn_inputs(impl)
 
 
 # --- the answer agrees with minillm -------------------------------------------------------------------------------
@@ -399,13 +450,16 @@ def matched_all_or_nothing(keys, held):
 
 
 def route_written(inverted=False, at_most=False, no_load_tie=False, last_index=False, no_overload=False,
-                  at_limit=False, no_cost=False, fixed_factor=False, matches_past_miss=False, pops=False):  # fmt: skip
+                  at_limit=False, no_cost=False, fixed_factor=False, matches_past_miss=False, pops=False,
+                  least_by_run=False):  # fmt: skip
     def route(keys, loads, caches, cost, min_match=2, overload_factor=1.5):
         count = matched_past_the_miss if matches_past_miss else matched_blocks
         run = [count(keys, held) for held in caches]
         order = list(range(len(loads)))[::-1] if last_index else list(range(len(loads)))
         best = min(order, key=lambda i: (-run[i],) + (() if no_load_tie else (loads[i],)))
         least = min(order, key=lambda i: loads[i])
+        if least_by_run:  # the best's key reused: least loaded ties go to the longest run (wrong: the lower index)
+            least = min(order, key=lambda i: (loads[i], -run[i]))
         limit = (1.5 if fixed_factor else overload_factor) * loads[least] + (0 if no_cost else cost)
         overloaded = not no_overload and (loads[best] >= limit if at_limit else loads[best] > limit)
         short = run[best] <= min_match if at_most else run[best] < min_match
@@ -440,11 +494,14 @@ WRONG = {
     "a-fixed-overload-factor": (with_(route=route_written(fixed_factor=True)), "overload_factor is the given one"),
     "route-counts-past-the-miss": (with_(route=route_written(matches_past_miss=True)), "counted past its first miss"),
     "route-changes-the-caches": (with_(route=route_written(pops=True)), "a side effect"),
+    # right on every hand-built fleet (where the least loaded tie, nobody holds a block); the drawn fleets catch it
+    "least-loaded-ties-to-the-longest-run": (with_(route=route_written(least_by_run=True)), "share the least load"),
     **{f"kv-{m}": (with_(kv_bytes=answer(m).kv_bytes), f"likely mistake: {KNOWN_MISTAKES[m]}")
        for m in ("bits", "floor-bits", "keys-only", "one-layer", "query-heads", "tp-not-divided")},
     **{m: (with_(transfer_s=answer(m).transfer_s), f"likely mistake: {KNOWN_MISTAKES[m]}")
        for m in ("transfer-bits", "transfer-gib", "transfer-no-latency", "transfer-halved")},
 }  # fmt: skip
+DRAWN_ONLY = ["least-loaded-ties-to-the-longest-run"]  # only the drawn fleets catch these
 
 
 def keys_by_accumulate(token_ids, block_size):
@@ -500,6 +557,15 @@ def test_the_checks_catch_a_wrong_version_and_name_the_mistake_first(name):
     assert hint in first, message
     if not hint.startswith("likely mistake"):  # the situation comes first: which function, in which case
         assert first.startswith(("prompt_keys, ", "matched_blocks, ", "route, ")), first
+
+
+@CHECKS
+@pytest.mark.parametrize("name", DRAWN_ONLY)
+def test_the_drawn_fleets_catch_what_the_cases_miss(name):
+    wrong, hint = WRONG[name]
+    check_cases(wrong)  # every hand-built case passes it
+    first, message = failure_of(check_drawn_inputs, wrong)
+    assert first.startswith("route, ") and hint in first, message
 
 
 @CHECKS

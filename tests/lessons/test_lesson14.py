@@ -11,6 +11,16 @@ The arguments you are given must come back as they were.
 
 WRONG_MASKS, WRONG_WALKS and WRONG_RULES (below) list the mistakes a room makes, each caught and named; RIGHT_*,
 versions written differently that must pass.
+
+Then the differential checks (tests/lessons/drawn/lesson14.py): each function against the reference on drawn inputs
+(seeded: the same every run; MINILLM_CHECK_EXAMPLES=N draws N; 50 each, the rule 60), the smallest that differs
+shown first. Strategies: automata of 1 to 5 states whose bytes move to any state (0 and the last included) or DEAD,
+the bytes 0, 127, 128 and 255 always given moves, states accepting or not, one whose only choice is EOS; masks for
+every state and DEAD; walks of 0 to 8 tokens from any state or DEAD over bytes with and without moves, 0, 127, 128,
+255 and every special token (PAD, BOS, EOS, SEP); the rule on vocabularies of 2 to 6 tokens, p and q from whole weights
+(zeros, p equal to q), q None, the guess where q gives it probability (or q = 0 where p does not), u = 0, u exactly
+p/q (a tie: either answer is right), 1e-9 either side of it, or anywhere in [0, 1). DRAWN_ONLY names the wrong
+versions only the drawn inputs catch.
 """
 
 from __future__ import annotations
@@ -18,6 +28,7 @@ from __future__ import annotations
 import functools
 import math
 import re
+import sys
 from dataclasses import replace
 from unittest import mock
 
@@ -32,6 +43,7 @@ from minillm.grammar import compile_regex, compile_schema
 from minillm.grammar.automaton import DEAD, Dfa
 from minillm.layers import LayeredEngine, sampling
 from minillm.model.tokenizer import EOS, SEP, SPECIAL_NAMES, VOCAB_SIZE, decode
+from tests.lessons.drawn.lesson14 import check_drawn
 from tests.lessons.harness import CHECKS, case, first_difference, implementations, small_model, stub
 from tests.lessons.harness import student_module as student
 
@@ -231,7 +243,7 @@ def walk_with(moves, state, tokens, sticky=True, specials="dead", seven_bits=Fal
     for token in tokens:
         if state == DEAD and sticky:
             return DEAD
-        if token >= 256 and specials == "dead":
+        if (token >= 256 and specials == "dead") or (token > 256 and specials == "past-pad"):  # past-pad: wrong
             state = DEAD
             continue
         byte = token & 0xFF if specials == "wrap" else token
@@ -300,6 +312,11 @@ def check_walk(walk, name: str) -> None:
 @pytest.mark.parametrize("name", WALKS)
 def test_a_walk_follows_the_moves_and_stays_dead_after_a_refusal(walk, name):
     check_walk(walk, name)
+
+
+def test_the_mask_and_the_walk_equal_the_reference_on_drawn_automata(automaton):
+    allowed_tokens, walk = automaton
+    check_drawn(sys.modules[__name__], masks=allowed_tokens, walk=walk)
 
 
 # --- 3. the rejection rule ------------------------------------------------------------------------------------------
@@ -454,6 +471,10 @@ def test_a_guess_is_kept_or_replaced_by_the_rule(keep_or_resample, name):
 
 def test_the_tokens_the_rule_leaves_are_distributed_as_p(keep_or_resample):
     check_distribution(keep_or_resample)
+
+
+def test_the_rule_equals_the_reference_on_drawn_draws(keep_or_resample):
+    check_drawn(sys.modules[__name__], rule=keep_or_resample)
 
 
 # --- inside the real engine -----------------------------------------------------------------------------------------
@@ -802,7 +823,7 @@ def rule_in_numpy(p, q, guess, u, draw):
     return draw(residual / residual.sum())
 
 
-def check_all_masks(allowed_tokens) -> None:
+def check_mask_cases(allowed_tokens) -> None:
     for name in MASKS:
         check_mask(allowed_tokens, name)
     check_masks_are_new(allowed_tokens)
@@ -810,14 +831,14 @@ def check_all_masks(allowed_tokens) -> None:
         check_engine_automaton(allowed_tokens, reference_walk, run)
 
 
-def check_all_walks(walk) -> None:
+def check_walk_cases(walk) -> None:
     for name in WALKS:
         check_walk(walk, name)
     for run in ENGINE_RUNS:
         check_engine_automaton(reference_allowed_tokens, walk, run)
 
 
-def check_all_rules(rule) -> None:
+def check_rule_cases(rule) -> None:
     for name in RULES:
         check_rule(rule, name)
     check_distribution(rule)
@@ -825,7 +846,23 @@ def check_all_rules(rule) -> None:
         check_engine_rule(rule, run)
 
 
+def check_all_masks(allowed_tokens) -> None:
+    check_mask_cases(allowed_tokens)
+    check_drawn(sys.modules[__name__], masks=allowed_tokens)
+
+
+def check_all_walks(walk) -> None:
+    check_walk_cases(walk)
+    check_drawn(sys.modules[__name__], walk=walk)
+
+
+def check_all_rules(rule) -> None:
+    check_rule_cases(rule)
+    check_drawn(sys.modules[__name__], rule=rule)
+
+
 CHECK_ALL = {"mask": check_all_masks, "walk": check_all_walks, "rule": check_all_rules}
+CHECK_CASES = {"mask": check_mask_cases, "walk": check_walk_cases, "rule": check_rule_cases}
 WRONG_MASKS = {  # name: (switches of written_out_mask, or a function; what the message must say)
     "allows-eos-everywhere": (dict(eos="always"), "EOS where the pattern may not end"),
     "never-allows-eos": (dict(eos="never"), "EOS is missing"),
@@ -847,7 +884,11 @@ WRONG_WALKS = {
     "walks-the-decoded-text": (walk_the_text, "you walked the reply's text", "a walk over EOS"),
     "pops-the-tokens": (pops_the_tokens, "a reply the pattern allows, 'yes': a side effect"),
     "forgets-the-empty-reply": (forgets_the_empty_reply, "an empty reply, from the start: your code raised"),
+    # right on every hand-built walk and engine run (none walks over PAD, 256, the first special token): the drawn
+    # walks catch it
+    "special-tokens-from-257": (dict(specials="past-pad"), "with an automaton of"),
 }
+DRAWN_ONLY = {"walk-special-tokens-from-257": "<pad>"}  # only the drawn inputs catch these; words in their failure
 WRONG_RULES = {
     "accepts-always": (dict(keep="always"), "you kept the guess"),
     "accepts-only-where-p-beats-q": (dict(keep="p>=q"), "not only where p > q"),
@@ -896,6 +937,17 @@ def test_the_checks_catch_a_wrong_version_and_name_the_mistake(name):
         CHECK_ALL[kind](wrong if callable(wrong) else WRITTEN_OUT[kind](**wrong))
     if callable(wrong):  # a student sees the first lines: the situation comes first
         assert str(caught.value).startswith(first[0] if first else hint), str(caught.value)
+
+
+@CHECKS
+@pytest.mark.parametrize("name", DRAWN_ONLY)
+def test_the_drawn_inputs_catch_what_the_cases_miss(name):
+    kind, wrong, *_ = WRONG[name]
+    wrong = wrong if callable(wrong) else WRITTEN_OUT[kind](**wrong)
+    CHECK_CASES[kind](wrong)  # every hand-built case and engine run passes it
+    with pytest.raises(AssertionError) as caught:
+        check_drawn(sys.modules[__name__], **{{"mask": "masks"}.get(kind, kind): wrong})
+    assert DRAWN_ONLY[name] in str(caught.value).splitlines()[0], str(caught.value)
 
 
 @CHECKS
