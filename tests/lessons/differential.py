@@ -83,3 +83,14 @@ def near(values: Iterable[int], low: int, high: int) -> st.SearchStrategy[int]:
 def plural(n: int, word: str, words: str | None = None) -> str:
     """'1 block', '3 blocks' ('1 query', '2 queries' with words given)."""
     return f"{n} {word}" if n == 1 else f"{n} {words or word + 's'}"
+
+
+def request_line(rid: str, prompt_tokens: int, says: int, cap: int, at: int) -> str:
+    """One drawn request in words: when it comes, its prompt, its cap, and what the stand-in model replies."""
+    if cap == 0:
+        reply = "rejected"
+    elif says == 0:
+        reply = "replies EOS at once"
+    else:
+        reply = f"replies {plural(min(says, cap), 'token')}" + (" then EOS" if says < cap else "")
+    return f"  {rid}: arrives at step {at}, a prompt of {prompt_tokens} tokens, max_new_tokens {cap}, {reply}"

@@ -20,7 +20,7 @@ from minillm.engine.scheduler import ContinuousScheduler
 from minillm.layers import LayeredEngine
 from minillm.layers.trace import Trace
 from minillm.model.tokenizer import BOS
-from tests.lessons.differential import against_reference, plural
+from tests.lessons.differential import against_reference, plural, request_line
 from tests.lessons.drawn.crowds import countdown_model
 
 RAMP = [9, 8, 7, 6, 5, 4, 3, 2, 1, 0]  # a shared start (prefix hits) that prompt lookup can guess from
@@ -68,17 +68,7 @@ class Run:
         return f"a trace of {crowd} on {plural(self.slots, 'seat')}" + "".join(f", {m}" for m in modes)
 
     def listing(self) -> list[str]:
-        return [
-            f"  {rid}: arrives at step {at}, a prompt of {k + 3} tokens, max_new_tokens {cap}, "
-            + (
-                "rejected"
-                if cap == 0
-                else "replies EOS at once"
-                if says == 0
-                else f"replies {plural(min(says, cap), 'token')}" + (" then EOS" if says < cap else "")
-            )  # fmt: skip
-            for rid, k, says, cap, at in self.shape
-        ]
+        return [request_line(rid, k + 3, says, cap, at) for rid, k, says, cap, at in self.shape]
 
 
 @st.composite

@@ -26,7 +26,7 @@ from minillm.engine.request import Request
 from minillm.engine.scheduler import ContinuousScheduler, StaticScheduler
 from minillm.layers import LayeredEngine
 from minillm.model.tokenizer import BOS
-from tests.lessons.differential import against_reference, plural
+from tests.lessons.differential import against_reference, plural, request_line
 from tests.lessons.drawn.crowds import countdown_model
 from tests.lessons.harness import case
 
@@ -64,17 +64,7 @@ class Run:
         return f"with {crowd} on {plural(self.slots, 'seat')}, " + ", ".join(modes)
 
     def listing(self, performed=()) -> list[str]:
-        lines = [
-            f"  {rid}: arrives at step {at}, a prompt of {ramp + 3} tokens, max_new_tokens {cap}, "
-            + (
-                "rejected"
-                if cap == 0
-                else "replies EOS at once"
-                if says == 0
-                else f"replies {plural(min(says, cap), 'token')}" + (" then EOS" if says < cap else "")
-            )  # fmt: skip
-            for rid, says, cap, at, ramp in self.shape
-        ]
+        lines = [request_line(rid, ramp + 3, says, cap, at) for rid, says, cap, at, ramp in self.shape]
         return lines + [
             f"  at step {s}: abort({rid!r}{'' if why is None else f', {why!r}'})" for s, rid, why in performed
         ]

@@ -18,7 +18,7 @@ import random
 
 from hypothesis import strategies as st
 
-from minillm.engine.blocks import block_key
+from minillm.serving.routing import prompt_keys
 from tests.lessons.differential import against_reference, near
 
 SPECIALS = [0, 255, 256, 257, 258, 259]
@@ -31,14 +31,6 @@ def tokens_of(n: int, seed: int, specials: bool) -> list[int]:
     return [rng.choice(SPECIALS) if specials and rng.random() < 0.3 else rng.randrange(256) for _ in range(n)]
 
 
-def keys_of(tokens: list[int], block_size: int) -> list[bytes]:
-    keys, key = [], b""
-    for start in range(0, len(tokens) - block_size + 1, block_size):
-        key = block_key(key, tokens[start : start + block_size])
-        keys.append(key)
-    return keys
-
-
 @st.composite
 def key_cases(draw):
     block_size = draw(st.integers(1, 8))
@@ -46,7 +38,7 @@ def key_cases(draw):
     return tokens_of(n, draw(st.integers(0, 999)), draw(st.booleans())), block_size
 
 
-OTHER = keys_of(tokens_of(12, 7, True), 4)  # another prompt's blocks, held by some replicas
+OTHER = prompt_keys(tokens_of(12, 7, True), 4)  # another prompt's blocks, held by some replicas
 
 
 @st.composite
@@ -61,11 +53,11 @@ def held_by(draw, keys: list[bytes]) -> set[bytes]:
 @st.composite
 def match_cases(draw):
     tokens, block_size = draw(key_cases())
-    keys = keys_of(tokens, block_size)
+    keys = prompt_keys(tokens, block_size)
     return keys, draw(held_by(keys))
 
 
-PROMPT = keys_of(tokens_of(24, 3, True), 4)  # six blocks
+PROMPT = prompt_keys(tokens_of(24, 3, True), 4)  # six blocks
 
 
 @st.composite
