@@ -1,7 +1,7 @@
 """Settings for the model, the serving engine and a request's sampling, as validated dataclasses.
 
 Bad values fail here, at construction, with a message that names the field and
-the fix, instead of deep inside torch later.
+the fix, instead of deep inside torch later. The device setting (--device) is resolved here too.
 """
 
 from __future__ import annotations
@@ -11,7 +11,9 @@ import os
 from dataclasses import asdict, dataclass, field
 from typing import Any
 
-from minillm.errors import ConfigError, InputError
+import torch
+
+from minillm.errors import ConfigError, DeviceError, InputError
 
 
 @dataclass(frozen=True)
@@ -159,3 +161,15 @@ class Sampling:
     def plain(self) -> bool:
         """True when the core's greedy pick serves it: no temperature, no logprobs, no pattern."""
         return self.temperature == 0 and self.logprobs is None and self.constraint is None
+
+
+def resolve_device(name: str = "auto") -> torch.device:
+    """'auto' -> cuda when torch sees a GPU, else cpu. Asking for cuda without one is an error."""
+    if name == "auto":
+        return torch.device("cuda" if torch.cuda.is_available() else "cpu")
+    if name == "cuda" and not torch.cuda.is_available():
+        fix = "use --device cpu (or auto)"
+        raise DeviceError(f"--device cuda was asked for, but torch sees no CUDA GPU here; {fix}")
+    if name not in ("cpu", "cuda"):
+        raise DeviceError(f"unknown device {name!r}; choose cpu, cuda or auto")
+    return torch.device(name)

@@ -1,16 +1,16 @@
 """The engine's books under stress: seeded random workloads, every step checked, every reply exact.
 
 Each workload draws a policy (static, continuous, or continuous by priority or deadline with a victim rule and a
-random promise for each request), a KV layout, a block size (1-16), a token budget (none, 1,
-a few tokens, a few dozen), prefix caching over shared and nested prompts, a pool from tight (preemption,
-eviction) to roomy, aborts at random steps (queued, mid-prompt, mid-reply, preempted) and now and then a second
-submit of a live request's id, and half the time speculative decoding (k from 1 to 8) with a drafter that is always
-right (the model itself), one that is right now and then (the model with noise added), a stranger (another random
-model) or prompt lookup. Every step: the allocator's invariants (the engine's debug mode), no request lost, each
-seated request's cached tokens equal to what it computed, no draft left over, no draft cache ahead of its request.
-At the end: the pool fully free (rejected guesses' blocks included), and every reply equal to the plain no-cache
-loop's. A reply that parts from it where the loop's two best logits tie (within
-1e-6: the order of float sums can break such a tie either way) is counted as a tie, not failed.
+random promise for each request), a KV layout, a block size (1-16), a token budget (none, 1, a few tokens, a few
+dozen), prefix caching over shared and nested prompts, a pool from tight (preemption, eviction) to roomy, aborts at
+random steps (queued, mid-prompt, mid-reply, preempted) and now and then a second submit of a live request's id, now
+and then n replies to one prompt sharing its blocks, and half the time speculative decoding (k from 1 to 8) with a
+drafter that is always right (the model itself), one that is right now and then (the model with noise added), a
+stranger (another random model) or prompt lookup. Every step: the allocator's invariants (the engine's debug mode),
+no request lost, each seated request's cached tokens equal to what it computed, no draft left over, no draft cache
+ahead of its request. At the end: the pool fully free (rejected guesses' blocks included), and every reply equal to
+the plain no-cache loop's. A reply that parts from it where the loop's two best logits tie (within 1e-6: the order
+of float sums can break such a tie either way) is counted as a tie, not failed.
 
     MINILLM_FUZZ_RUNS=3000 python3 -m pytest -q -s tests/test_engine_fuzz.py   # a long run; prints its counts
     MINILLM_FUZZ_SEED=1234 MINILLM_FUZZ_RUNS=1 ...                              # one workload again, by its seed
@@ -90,6 +90,8 @@ def draw_workload(rng: random.Random, runner=None):
         prompt = rng.choice(stems) + [rng.randrange(256) for _ in range(rng.randint(0, 6))]
         requests.append(Request(f"q{i}", prompt, rng.randint(1, 20), arrival_step=rng.randint(0, 8),
                                 ignore_eos=rng.random() < 0.8))  # fmt: skip
+    # n replies to a prompt (OpenAI's n), sharing its blocks: one in four requests asks for 2 or 3
+    replies = {r.id: rng.choice([1, 1, 1, 1, 1, 1, 2, 3]) for r in requests}
     biggest = max(-(-(len(r.prompt_ids) + r.max_new_tokens - 1) // block_size) for r in requests)
     tight = [biggest, biggest, biggest + rng.randint(1, 4), biggest + rng.randint(1, 4)]  # preemption, eviction
     num_blocks = rng.choice(tight + [2 * biggest, 4 * biggest] + [max(1, biggest - 1)] * (rng.random() < 0.2))
@@ -108,7 +110,7 @@ def draw_workload(rng: random.Random, runner=None):
             targets = {"ttft_s": rng.choice([None, 1e-4, 0.05]), "deadline_s": rng.choice([None, 1e-3, 5.0])}
             promised[r.id] = Service(rng.choice("ab"), rng.randint(0, 3), **targets)
     engine = LayeredEngine(runner or model(), policy, cfg, draft=drafts().get(drafter))
-    return engine, requests, aborts, resubmit, promised
+    return engine, requests, aborts, resubmit, promised, replies
 
 
 def where(engine: LayeredEngine, r: Request) -> str:
@@ -119,7 +121,8 @@ def where(engine: LayeredEngine, r: Request) -> str:
 
 def check_every_step(engine: LayeredEngine, requests: list[Request]) -> None:
     seated = engine.running()
-    places = [id(r) for r in list(engine.pending) + list(engine.waiting) + seated]
+    siblings = [r for _, held in engine.replies.waiting.values() for r, *_ in held]  # (not yet in the engine)
+    places = [id(r) for r in list(engine.pending) + list(engine.waiting) + seated + siblings]
     live = [id(r) for r in requests if not r.is_finished]
     assert len(places) == len(set(places)) and set(places) == set(live), "a request was lost or is in two places"
     for r in seated:
@@ -148,8 +151,10 @@ def check_the_end(engine: LayeredEngine, requests: list[Request], counts: Counte
     for r in requests:
         counts["requests"] += 1
         counts["preemptions"] += r.preemptions
-        counts["drafts checked"] += trace.request(r.id).drafts_verified
-        counts["drafts kept"] += trace.request(r.id).drafts_accepted
+        if r.id in engine.live or r in engine.requests:  # (a sibling aborted before it went in: never in the trace)
+            counts["drafts checked"] += trace.request(r.id).drafts_verified
+            counts["drafts kept"] += trace.request(r.id).drafts_accepted
+        counts["replies sharing a prompt"] += "#" in r.id and r.finish_reason != "aborted"
         assert r.prompt_tokens_from_cache < len(r.prompt_ids), f"{r.id}: more prompt tokens from the cache than it has"
         if r.finish_reason.startswith("rejected"):
             counts["rejected"] += 1
@@ -168,9 +173,9 @@ def check_the_end(engine: LayeredEngine, requests: list[Request], counts: Counte
 
 def run_workload(seed: int, counts: Counter, runner=None, tie: float = TIE) -> None:
     rng = random.Random(seed)
-    engine, requests, aborts, resubmit, promised = draw_workload(rng, runner)
-    for r in requests:
-        engine.submit(r, service=promised.get(r.id))
+    engine, requests, aborts, resubmit, promised, replies = draw_workload(rng, runner)
+    for r in list(requests):
+        requests += engine.submit_replies(r, replies[r.id], promised.get(r.id))[1:]
     while engine.has_work():
         live = [r for r in requests if not r.is_finished]
         for _ in range(aborts.count(engine.step_no) if live else 0):  # someone live; a preempted one, half the time
@@ -183,9 +188,10 @@ def run_workload(seed: int, counts: Counter, runner=None, tie: float = TIE) -> N
             live.remove(r)
             if not live:
                 break
-        if resubmit == engine.step_no and live:
+        in_engine = [r for r in live if r.id in engine.live]
+        if resubmit == engine.step_no and in_engine:
             with pytest.raises(InputError, match="already queued or running"):
-                engine.submit(Request(live[0].id, [1, 2, 3], 2))
+                engine.submit(Request(in_engine[0].id, [1, 2, 3], 2))
             counts["second submits refused"] += 1
         engine.step()
         check_every_step(engine, requests)

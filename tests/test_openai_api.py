@@ -70,6 +70,25 @@ def test_a_seeded_request_gets_the_same_reply_as_the_plain_loop_whatever_runs_be
     assert other != one and greedy["token_ids"] == generate(shipped_model, ids, 24, use_cache=False).tokens
 
 
+def test_n_replies_are_n_choices_each_its_lone_seeded_twin_whole_or_streamed(server, client, shipped_model):
+    """OpenAI's n: the prompt runs once (layers/replies.py), choice i draws from seed + i, as vLLM's children do."""
+    ask = {"n": 3, "temperature": 2.0, "seed": 4, "max_tokens": 16, "return_token_ids": True, "ignore_eos": True}
+    ids = encode_prompt("what is 7")  # (a question it was never taught: its replies part at temperature 2)
+    twins = [generate(shipped_model, ids, 16, temperature=2.0, seed=4 + i, use_cache=False, ignore_eos=True).tokens
+             for i in range(3)]  # fmt: skip
+    whole = chat(client, server, "what is 7", **ask).json()
+    assert [c["index"] for c in whole["choices"]] == [0, 1, 2]
+    assert [c["token_ids"] for c in whole["choices"]] == twins and len({tuple(t) for t in twins}) > 1
+    assert whole["usage"] == {"prompt_tokens": len(ids), "completion_tokens": 48, "total_tokens": len(ids) + 48}
+    chunks = [c for c in streamed(client, server, "what is 7", **ask) if isinstance(c, dict) and c["choices"]]
+    texts = ["".join(c["choices"][0]["delta"].get("content", "") for c in chunks if c["choices"][0]["index"] == i)
+             for i in range(3)]  # fmt: skip
+    assert texts == [c["message"]["content"] for c in whole["choices"]]
+    prompts = {"prompt": ["spell 12", "spell 3"], "n": 2, "max_tokens": 8}  # reply j to prompt k: choice 2k + j
+    texts = [c["text"] for c in client.post(f"{server.url}/completions", json=prompts).json()["choices"]]
+    assert texts[0] == texts[1] != texts[2] == texts[3]  # (greedy: a prompt's replies are one reply)
+
+
 BAD_SAMPLING = [("temperature", "hot"), ("temperature", -0.1), ("temperature", True), ("top_p", 0), ("top_p", 1.5),
                 ("top_k", -1), ("top_k", 1.5), ("seed", -1), ("seed", "7"), ("seed", 2**64)]  # fmt: skip
 
@@ -174,7 +193,7 @@ def test_temperature_above_openais_range_is_a_400_naming_it(server, client):
 # --- what the server cannot do: refused, never dropped ------------------------------------------------
 REFUSED = {"echo": True, "tools": [{"type": "function", "function": {"name": "f"}}], "tool_choice": "required",
            "response_format": {"type": "xml"}, "presence_penalty": 0.5, "frequency_penalty": 1,
-           "logit_bias": {"50": 10}, "n": 2, "best_of": 3, "suffix": "!", "unknown_option": 1}  # fmt: skip
+           "logit_bias": {"50": 10}, "n": 17, "best_of": 3, "suffix": "!", "unknown_option": 1}  # fmt: skip
 
 
 @pytest.mark.parametrize("field", REFUSED)

@@ -21,6 +21,7 @@ import pytest
 
 from minillm.bench.server import answering, free_port
 from minillm.engine.generate import generate
+from minillm.layers import generate as sampled_generate
 from minillm.model.tokenizer import BOS, encode, encode_prompt
 from minillm.runs import trace_file
 from minillm.runs.metrics import prefix_cache_figures
@@ -117,6 +118,22 @@ def test_a_shared_system_prompt_lands_on_the_replica_that_holds_it(fleet, api, s
         long_one.close()  # (hanging up aborts the long replies)
         if other is not None:
             other.close()
+
+
+def test_n_replies_go_with_their_first_to_one_replica(fleet, api, shipped_model):
+    """The openai client's n = 3: replies 1 and 2 follow reply 0 to its replica (to share its prompt's blocks), each
+    its lone seeded twin."""
+    extra = {"return_token_ids": True, "ignore_eos": True}
+    reply = api.chat.completions.create(model="minillm", messages=chat("what is 7"), n=3, temperature=2.0, seed=9,
+                                        max_tokens=12, extra_body=extra)  # fmt: skip
+    ids = encode_prompt("what is 7")
+    alone = lambda seed: sampled_generate(shipped_model, ids, 12, temperature=2.0, seed=seed, ignore_eos=True).tokens
+    twins = [alone(9 + i) for i in range(3)]
+    assert [c.index for c in reply.choices] == [0, 1, 2]
+    assert [c.model_extra["token_ids"] for c in reply.choices] == twins
+    rid = reply.id.split("-", 1)[1]
+    routes = [(r, replica, reason) for r, replica, reason in fleet.loop.log if r.split("#")[0] == rid]
+    assert [reason for *_, reason in routes][1:] == ["sibling reply"] * 2 and len({r[1] for r in routes}) == 1
 
 
 def test_health_trace_and_metrics_name_each_replica(fleet, api):

@@ -30,7 +30,7 @@ from pathlib import Path
 import torch
 
 from minillm.card import microbench as mb
-from minillm.model.checkpoint import resolve_device
+from minillm.config import resolve_device
 
 VERSION = 4  # what the file holds; an older file lacks (some of) the op-by-op rates and is measured again
 

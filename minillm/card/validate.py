@@ -28,7 +28,7 @@ from minillm.card.hardware import Device, from_calibration
 from minillm.card.measure import filled_cache, step_calls, timed_samples
 from minillm.card.opcost import step_bill
 from minillm.card.sizes import SIZES, size_spec, timing_model
-from minillm.model.checkpoint import resolve_device
+from minillm.config import resolve_device
 
 GOALS = {"median": 0.15, "worst": 0.35, "prefill": 0.25}
 BATCHES, CONTEXTS, CHUNKS = (1, 4, 16, 64, 128), (64, 512), (64, 256, 512)

@@ -12,6 +12,7 @@ newcomer whose prompt starts alike takes those blocks into its table (their refe
 up) instead of computing them. A block nobody holds keeps its key and contents on the free list
 until it is handed out again (least recently freed first). Only full blocks are shared; two
 requests computing the same block side by side make two copies, both under the key (as vLLM's).
+A fork shares a sequence's blocks the same way, by reference count (n replies to one prompt).
 `check` asserts the books' invariants (tests; every step in debug mode).
 """
 
@@ -62,10 +63,6 @@ class BlockAllocator:
     @property
     def num_used(self) -> int:
         return self.num_blocks - len(self.free_blocks)
-
-    @property
-    def num_cached_free(self) -> int:  # free blocks still holding a keyed prefix
-        return sum(1 for b in self.free_blocks if b in self.key_of)
 
     @property
     def stored_tokens(self) -> int:  # token slots holding a token, a shared block counted once
@@ -149,6 +146,21 @@ class BlockAllocator:
         if blocks:
             self.hashed[seq] = (len(table), self.key_of[blocks[-1]])
         return len(blocks) * self.block_size
+
+    def fork(self, seq: int, parent: int, num_tokens: int) -> int | None:
+        """`seq` goes on from `parent`'s first `num_tokens` tokens (n replies to one prompt): full
+        blocks shared past those it holds; a partly filled last block copied now, as each reply's
+        next token lands in it. Returns the block the cache must copy into the new one, or None."""
+        table, full = self.tables.setdefault(seq, []), num_tokens // self.block_size
+        shared = self.tables[parent][len(table) : full]
+        for block in shared:
+            self.ref_counts[block] += 1
+        table += shared
+        self.extra_holds, self.lengths[seq] = self.extra_holds + len(shared), full * self.block_size
+        if num_tokens % self.block_size == 0:
+            return None
+        self.append(seq, num_tokens % self.block_size)
+        return self.tables[parent][full]
 
     def cache_full_blocks(self, seq: int, token_ids: list[int]) -> None:
         """Give keys to `seq`'s blocks that are now full and computed (token_ids: its tokens

@@ -18,7 +18,8 @@ The seams, where a layer above the core plugs in (minillm/layers/ says which use
   each token     `token_hooks(request, token)` may end a reply with a reason; one in
                  `held_reasons` keeps its seat and KV until `release(request)` (a hand-over)
   after the step `observers(engine, step)`: the trace, the KV books' check
-  admit with KV  `submit(request, kv)`: its first tokens' keys and values came from elsewhere
+  admit with KV  `submit(request, kv)`: its first tokens' keys and values came from elsewhere,
+                 as tensors or a layer's source that stores them (e.g. another seat's blocks)
 """
 
 from __future__ import annotations
@@ -84,7 +85,8 @@ class Engine:
     # --- submitting ------------------------------------------------------------------------
     def submit(self, request: Request, kv: tuple[torch.Tensor, torch.Tensor] | None = None):
         """Queue a request (True), or reject it now if it can never be served (the reason in
-        finish_reason). kv: its first tokens' keys and values, (L, n, Hkv, D) each."""
+        finish_reason). kv: its first tokens' keys and values, (L, n, Hkv, D) each, or a source of
+        `tokens` whose store(cache, seat, start) stores them when admitted (returns how many)."""
         if request.id in self.live and not self.live[request.id].is_finished:
             taken = f"request id {request.id!r} is already queued or running"
             raise InputError(f"{taken}: give each request its own id")
@@ -96,7 +98,8 @@ class Engine:
         arrival = lambda r: r.arrival_s if r.arrival_s is not None else r.arrival_step
         bisect.insort(self.pending, request, key=arrival)  # same-time arrivals keep their order
         if kv is not None:  # counted as computed: the scheduler plans only the rest
-            self.brought[request.id], request.num_computed = kv, kv[0].shape[1]
+            n = kv.tokens if hasattr(kv, "store") else kv[0].shape[1]
+            self.brought[request.id], request.num_computed = kv, n
         self.live[request.id] = request
         return True
 
@@ -212,9 +215,11 @@ class Engine:
         if self.cfg.prefix_caching:  # start on the cached blocks of the prompt's beginning
             self._claim(request)
         if request.id in self.brought:  # the brought KV past the cached blocks, stored now
-            k, v = self.brought.pop(request.id)
-            start = request.num_computed
-            self.cache.write_tokens(seat, k[:, start:brought], v[:, start:brought])
+            kv, start = self.brought.pop(request.id), request.num_computed
+            if hasattr(kv, "store"):
+                brought = start + kv.store(self.cache, seat, start)
+            else:
+                self.cache.write_tokens(seat, kv[0][:, start:brought], kv[1][:, start:brought])
             self._computed(request, brought - start, "brought")
 
     def _claim(self, request: Request) -> None:

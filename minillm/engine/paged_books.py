@@ -59,9 +59,7 @@ class PagedKVBooks:
         return self.allocator.new_blocks_needed(seat, num_new)
 
     def blocks_held(self, seat: int) -> int:  # freed with the seat's sequence (not shared ones)
-        if self.prefix_caching:
-            return self.allocator.blocks_freed_by(seat)
-        return len(self.allocator.tables.get(seat, []))
+        return self.allocator.blocks_freed_by(seat)
 
     def cached_prefix(self, token_ids: list[int]) -> int:  # tokens already in the prefix cache
         return len(self.allocator.cached_prefix(token_ids)) * self.block_size
@@ -103,6 +101,4 @@ class PagedKVBooks:
 
     @property
     def stored_tokens(self) -> int:  # tokens held in blocks, a shared block counted once
-        if self.prefix_caching:
-            return self.allocator.stored_tokens
-        return sum(self.allocator.lengths.values())
+        return self.allocator.stored_tokens

@@ -4,6 +4,7 @@
                    (constrain.py), the rejection rule
     lookahead      Speculation (speculate.py, drafters.py), when cfg.speculate asks for it
     each token     HandOver (handover.py): a marked request leaves after its first token
+    admit with KV  Replies (replies.py): n replies to one prompt, the prompt's blocks shared
     policy         each request's Service (service.py): its class, priority and targets, which the
                    priority and deadline policies (policies.py) read and the trace keeps
     after the step Recorder (trace.py): a StepRecord per step, the run's Trace; the Sampler's
@@ -17,9 +18,11 @@ from __future__ import annotations
 from minillm.config import EngineConfig
 from minillm.engine.engine import Engine
 from minillm.engine.scheduler import Scheduler
+from minillm.errors import InputError
 from minillm.layers.books import check_books
 from minillm.layers.drafters import drafter_for
 from minillm.layers.handover import HandOver
+from minillm.layers.replies import Replies
 from minillm.layers.sampling import Sampler
 from minillm.layers.service import Service
 from minillm.layers.speculate import Speculation
@@ -41,20 +44,35 @@ class LayeredEngine(Engine):
             self.speculation = self.lookahead = Speculation(self.cfg.speculate, drafter, self.sampler)
             self.meta.setdefault("drafter", drafter.name)
         self.handover = HandOver(self)
+        self.replies = Replies(self)
         self.recorder = Recorder(self, self.sampler, self.speculation)
         self.observers.append(self.sampler.after_step)  # (after the Recorder: it reads this step's `allowed`)
         if self.cfg.debug:
             self.observers.append(check_books)
 
-    def submit(self, request, kv=None, service: Service | None = None) -> bool:
+    def submit(self, request, kv=None, service: Service | None = None, follows: tuple[str, int] | None = None) -> bool:
         """The core's submit, with the request's service (class, priority, targets) kept for it (after the core
-        has refused a second live request of the same id, which must not overwrite the first one's)."""
+        has refused a second live request of the same id, which must not overwrite the first one's). follows:
+        (the first reply's id, i) for reply i to the same prompt (OpenAI's n), to share the first's prompt blocks
+        (replies.py); a first reply that has ended: this one runs alone."""
+        if follows is not None and follows[0] in self.live:
+            return self.replies.follow(self.live[follows[0]], request, follows[1], service)
+        if self.replies.holds(request.id):  # (the core knows only the ids it has queued)
+            raise InputError(f"request id {request.id!r} is already queued: give each request its own id")
         queued = super().submit(request, kv)
         if service is not None:
             self.services[request.id] = service
         else:
             self.services.pop(request.id, None)
         return queued
+
+    def submit_replies(self, request, n: int, service: Service | None = None) -> list:
+        """Queue `request` for n replies (OpenAI's n), its prompt's KV computed once: the n requests, `request` first
+        (replies.py)."""
+        return self.replies.submit(request, n, service)
+
+    def abort(self, request_id: str, reason: str = "aborted") -> bool:
+        return super().abort(request_id, reason) or self.replies.abort(request_id, reason)
 
     @property
     def records(self) -> list[StepRecord]:

@@ -213,7 +213,7 @@ def step_record(engine, step: Step) -> StepRecord:
         padding_rows=step.batch.padding_rows,
         kv_blocks_used=cache.blocks_in_use(list(live)),
         kv_blocks_total=cache.num_blocks,
-        kv_cached_blocks=alloc.num_cached_free if caching else 0,
+        kv_cached_blocks=sum(b in alloc.key_of for b in alloc.free_blocks) if caching else 0,
         kv_tokens_stored=cache.stored_tokens,
         wall_s=round(now - step.begin, 9),  # nanoseconds are plenty, and keep a long trace's JSON short
         time_s=round(now, 9),

@@ -16,25 +16,13 @@ import torch
 from safetensors import SafetensorError, safe_open
 from safetensors.torch import load_file, save_file
 
-from minillm.config import ModelConfig
-from minillm.errors import CheckpointError, ConfigError, DeviceError
+from minillm.config import ModelConfig, resolve_device
+from minillm.errors import CheckpointError, ConfigError
 from minillm.model.transformer import Transformer
 
 DEFAULT_CHECKPOINT = Path(__file__).parent.parent / "weights" / "minillm.safetensors"
 STORAGE_DTYPE = torch.float16
 RETRAIN_HINT = "rebuild it with `python -m minillm train` (about 20 minutes on 2 CPU cores)"
-
-
-def resolve_device(name: str = "auto") -> torch.device:
-    """'auto' -> cuda when torch sees a GPU, else cpu. Asking for cuda without one is an error."""
-    if name == "auto":
-        return torch.device("cuda" if torch.cuda.is_available() else "cpu")
-    if name == "cuda" and not torch.cuda.is_available():
-        fix = "use --device cpu (or auto)"
-        raise DeviceError(f"--device cuda was asked for, but torch sees no CUDA GPU here; {fix}")
-    if name not in ("cpu", "cuda"):
-        raise DeviceError(f"unknown device {name!r}; choose cpu, cuda or auto")
-    return torch.device(name)
 
 
 # Matrices the model runs as one matmul (transformer.py) -> Llama's, stacked by rows in this order.

@@ -38,6 +38,7 @@ from fastapi.exceptions import RequestValidationError
 from fastapi.responses import JSONResponse, PlainTextResponse, Response, StreamingResponse
 from starlette.exceptions import HTTPException
 
+from minillm.layers.replies import sibling
 from minillm.layers.service import Service
 from minillm.serving.openai_choices import Choices
 from minillm.serving.openai_echo import echo_only, echoes_of, eos_row
@@ -153,7 +154,12 @@ def make_app(loop: LoopHandle, model: str = "minillm", max_body_bytes: int = MAX
         requests = [to_request(one, f"r{next(ids)}", loop.max_len) for one in asks]  # (all checked before any goes)
         constraint = await constraint_for(ask)  # (response_format or regex: a 400 here if it cannot be)
         echoes, scores = await echoes_of(loop, ask, requests)
-        prompt_tokens = sum(len(request.prompt_ids) for request in requests)
+        prompt_tokens = sum(len(request.prompt_ids) for request in requests)  # (once per prompt, whatever n)
+        # n replies to each prompt: reply j of prompt k is choice k * n + j (OpenAI's order); reply j > 0 follows
+        # reply 0, whose prompt's blocks it shares (layers/replies.py)
+        follows = [None if j == 0 else (r.id, j) for r in requests for j in range(ask.n)]
+        requests = [r if j == 0 else sibling(r, j) for r in requests for j in range(ask.n)]
+        asks, echoes, scores = ([x for x in xs for _ in range(ask.n)] for xs in (asks, echoes, scores))
         if ask.max_tokens == 0:  # (echo: the prompt scored, nothing made; the engine only answered a question)
             if ask.stream:
                 events = echo_only(ask, model, requests, echoes, prompt_tokens)
@@ -163,10 +169,10 @@ def make_app(loop: LoopHandle, model: str = "minillm", max_body_bytes: int = MAX
         streams, rids = [], [request.id for request in requests]
         service = Service(priority=ask.priority)  # (the trace keeps it; the priority policy seats by it)
         try:
-            for request in requests:
+            for request, first in zip(requests, follows):
                 request.sampling = replace(request.sampling, constraint=constraint)  # (it travels in the sampling)
                 stream = AsyncTokenStream(asyncio.get_running_loop())
-                loop.submit(request, stream, service)
+                loop.submit(request, stream, service, first)
                 streams.append(stream)
                 first = await first_word(stream)
                 if first.kind == "refused":

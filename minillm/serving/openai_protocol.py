@@ -15,7 +15,8 @@ reply to exactly max_tokens; `return_token_ids` adds each choice's new token ids
 compare them with the offline engine's, token for token). A third, vLLM's `priority`: a whole number, lower goes
 first (default 0), which the priority policy (`serve --scheduler priority`) seats by and every policy's trace keeps.
 Unlike vLLM, minillm takes it under any policy (a crowd's priorities can be compared across policies) and only as
-a JSON integer (vLLM's parser would also take 1.0, "1" or true; like vLLM's, it refuses null).
+a JSON integer (vLLM's parser would also take 1.0, "1" or true; like vLLM's, it refuses null). OpenAI's `n` (replies
+to each prompt, as choices) is taken up to MAX_REPLIES: the prompt runs once and its KV blocks are shared.
 
 Structured output (`response_format` json_object / json_schema, and minillm's `regex`) is read by
 openai_structured.py, on both endpoints, after the fields here.
@@ -28,6 +29,7 @@ from dataclasses import dataclass, replace
 
 from minillm.config import Sampling, check_sampling
 from minillm.errors import InputError, MinillmError
+from minillm.layers.replies import MAX_REPLIES
 
 MAX_STOPS = 4  # stop strings per request (OpenAI's limit)
 MAX_TEMPERATURE = 2  # OpenAI's range is 0-2 (the engine itself takes any temperature >= 0)
@@ -69,6 +71,7 @@ class Ask:
     prompts: list | None = None  # completions with several prompts: all of them (prompt: the first), else None
     echo: bool = False  # completions: the reply's text starts with the prompt (its logprobs too, when asked)
     priority: int = 0  # vLLM's extension: lower goes first (the engine gets it as the request's Service)
+    n: int = 1  # replies to each prompt (choices): the prompt's KV computed once, shared (layers/replies.py)
 
     def each(self) -> list[Ask]:
         """One Ask per prompt: the choices' order (a request with one prompt: itself)."""
@@ -104,15 +107,13 @@ def parse_json(raw: bytes) -> dict:
 # (repetition_penalty is vLLM's extension: its `vllm bench serve` sends the neutral 1.0 with every request)
 HARMLESS = {"presence_penalty": (0,), "frequency_penalty": (0,), "logit_bias": ({},), "echo": (False,),
             "best_of": (1,), "suffix": ("",), "tools": ([],), "tool_choice": ("none", "auto"), "functions": ([],),
-            "parallel_tool_calls": (True, False), "store": (False,), "n": (1,),
-            "repetition_penalty": (1,)}  # fmt: skip
+            "parallel_tool_calls": (True, False), "store": (False,), "repetition_penalty": (1,)}  # fmt: skip
 WHY_NOT = {"echo": "echo (the prompt back in the reply) is not supported",
            "tools": "this model cannot call tools", "tool_choice": "this model cannot call tools",
-           "functions": "this model cannot call functions",
-           "n": "n must be 1: this server makes one reply per request"}  # fmt: skip
+           "functions": "this model cannot call functions"}  # fmt: skip
 COMMON = {"model", "max_tokens", "stream", "stream_options", "temperature", "top_p", "top_k", "seed", "stop",
           "ignore_eos", "return_token_ids", "user", "metadata", "service_tier", "response_format", "regex",
-          "priority"}  # fmt: skip
+          "priority", "n"}  # fmt: skip
 FIELDS = {"completions": COMMON | {"prompt", "logprobs", "echo"},
           "chat": COMMON | {"messages", "max_completion_tokens", "logprobs", "top_logprobs"}}  # fmt: skip
 
@@ -228,4 +229,5 @@ def common_fields(body: dict, model: str, prompt: str | list[int], chat: bool, l
     return Ask(prompt, preamble, max_tokens, flag(body, "stream"), include_usage, flag(body, "ignore_eos"),
                flag(body, "return_token_ids"), chat, _sampling(body, logprobs), _stop(body),
                continuous_usage=include_usage and bool(options.get("continuous_usage_stats")),
-               priority=priority_of(body))  # fmt: skip
+               priority=priority_of(body), n=whole(body, "n", 1, MAX_REPLIES, f"from 1 to {MAX_REPLIES}") or 1,
+               )  # fmt: skip

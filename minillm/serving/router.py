@@ -103,34 +103,41 @@ class Router(LoopHandle):
         return sum(r.loop.steps for r in self.replicas)
 
     # --- requests --------------------------------------------------------------------------------------
-    def submit(self, request: Request, stream: TokenStream | AsyncTokenStream, service: Service | None = None) -> None:
+    def submit(self, request: Request, stream: TokenStream | AsyncTokenStream, service: Service | None = None,
+               follows: tuple[str, int] | None = None) -> None:  # fmt: skip
+        """follows (OpenAI's n): the reply goes where the first reply to its prompt went, to share its blocks (a
+        retry elsewhere runs it alone)."""
         flight = Flight(request, prompt_keys(request.prompt_ids, self.block_size), reader=stream, service=service)
         wrap = RoutedAsyncStream if isinstance(stream, AsyncTokenStream) else Tap
         flight.stream = wrap(stream, lambda event: self._see(flight, event))
         with self.lock:
             if request.id in self.flights:
                 return stream.put(Event("refused", status=400, detail=f"request id {request.id!r} is in use"))
-            replica = self._place(flight)
+            first = self.flights.get(follows[0]) if follows else None
+            beside = self.replicas[first.replica] if first is not None else None
+            replica = self._place(flight, beside if beside is not None and beside.serving else None)
         if replica is not None:  # (sent outside the lock: a pipe may be full, and its reader may need the lock)
-            replica.loop.submit(request, flight.stream, service)
+            replica.loop.submit(request, flight.stream, service, follows if replica is beside else None)
 
-    def _place(self, flight: Flight) -> Replica | None:
-        """(Under the lock.) Choose a replica in rotation and write the books; None: no replica serves (the reader
-        is told so: refused, or after a retry's "accepted", an error)."""
+    def _place(self, flight: Flight, beside: Replica | None = None) -> Replica | None:
+        """(Under the lock.) Choose a replica in rotation (or the one `beside` names: a sibling reply's) and write
+        the books; None: no replica serves (the reader is told so: refused, or after a retry's "accepted", an
+        error)."""
         rotation = [r for r in self.replicas if r.serving]
         if not rotation:
             why = f"no replica is serving ({self.error})"
             refused = Event("refused", detail=why, status=503)
             flight.reader.put(Event("done", detail=f"error: {why}") if flight.accepted else refused)
             return None
-        request = flight.request
-        keys = shareable(flight.keys, len(request.prompt_ids), self.block_size)
-        cost = len(request.prompt_ids) + request.max_new_tokens
-        choice = self.policy.choose(keys, cost, [r.view() for r in rotation])
-        replica = self.replicas[choice.replica]
+        request, replica, reason = flight.request, beside, "sibling reply"
+        if beside is None:
+            keys = shareable(flight.keys, len(request.prompt_ids), self.block_size)
+            cost = len(request.prompt_ids) + request.max_new_tokens
+            choice = self.policy.choose(keys, cost, [r.view() for r in rotation])
+            replica, reason = self.replicas[choice.replica], choice.reason
         flight.replica, replica.flights[request.id], self.flights[request.id] = replica.index, flight, flight
-        replica.routed[choice.reason] += 1
-        self.log.append((request.id, replica.index, choice.reason))
+        replica.routed[reason] += 1
+        self.log.append((request.id, replica.index, reason))
         if replica.caching:
             replica.recent.update(flight.keys)
             replica.since_ask.update(flight.keys)

@@ -21,9 +21,8 @@ its request leaves the queue or its seat, and its KV blocks are free before the 
 An abort carries a reason: "aborted" (a hang-up), "stop" (the reply reached a stop string, which the
 HTTP side finds in the text), "abort" (the server is shutting down).
 
-A server runs for hours while the engine records every step: this loop keeps only the last
-`keep_steps` steps (and the requests they mention, with their services), so memory stays bounded, and `trace()`
-gives that window as an ordinary trace (trace_window.py) that metrics.py and the app read.
+A server runs for hours while the engine records every step: this loop keeps only the last `keep_steps` steps (and
+the requests they mention, with their services), and `trace()` gives that window as a trace (trace_window.py).
 """
 
 from __future__ import annotations
@@ -57,10 +56,11 @@ class LoopHandle:
     def _send(self, message: tuple) -> None:
         raise NotImplementedError
 
-    def submit(self, request: Request, stream: TokenStream | AsyncTokenStream, service: Service | None = None) -> None:
-        """Hand a request to the engine, with its service (priority, ...: LayeredEngine.submit); its stream says
-        first "accepted" or "refused"."""
-        self._send(("submit", request, stream, service))
+    def submit(self, request: Request, stream: TokenStream | AsyncTokenStream, service: Service | None = None,
+               follows: tuple[str, int] | None = None) -> None:  # fmt: skip
+        """Hand a request to the engine, with its service (priority, ...) and for OpenAI's n whom it follows (the first
+        reply's id, i: LayeredEngine.submit); its stream says first "accepted" or "refused"."""
+        self._send(("submit", request, stream, service, follows))
 
     def abort(self, request_id: str, reason: str = "aborted") -> None:
         """Stop a request wherever it is (a client hung up, ...). Aborting a finished request does nothing."""
@@ -182,7 +182,7 @@ class ServeLoop(LoopHandle):
             except queue.Empty:
                 return True
 
-    def _submit(self, request: Request, stream: TokenStream | AsyncTokenStream, service: Service | None = None) -> None:
+    def _submit(self, request: Request, stream, service: Service | None = None, follows=None) -> None:
         engine = self.engine
         queued = len(engine.pending) + len(engine.waiting)
         if queued >= self.max_waiting:  # backpressure: refuse now rather than queue without end
@@ -192,7 +192,7 @@ class ServeLoop(LoopHandle):
             return
         request.arrival_s, request.arrival_step = engine.clock.now(), engine.step_no  # it arrives now
         try:
-            accepted = engine.submit(request, service=service)
+            accepted = engine.submit(request, service=service, follows=follows)
         except InputError as e:  # an id still in use (the server's own ids never are): refuse it, serve the rest
             self.stats.count("rejected")
             self.outbox.append((stream, Event("refused", status=400, detail=str(e))))
