@@ -29,10 +29,13 @@ class MyDeadlinePolicy(RankedPolicy):
     A first token stays counted when a request is preempted. tpot_s and the priority play no part here.
 
     1. rank(r): a tuple, lower goes first, that orders requests by when they are due, earliest first. Requests due
-       at the same moment must keep the queue's order (first come, first served; a preempted request is back at
-       the head of the queue): add nothing after the due time that could reorder them (not the id, not the arrival).
-    2. last_kept(r): a tuple ordering the running requests so that the one due latest comes last (it makes way
-       first); among those due at the same moment, the newest (largest r.admit_order) comes last.
+       at the same moment must rank equal, waiting or running: the queue then keeps its order among them (first come,
+       first served; a preempted request is back at the head of the queue), and a waiting request never takes the
+       seat of a running one due when it is. Add nothing after the due time that tells them apart (not the id, not
+       the arrival, not the admit_order).
+    2. last_kept(r): a tuple ordering the running requests by when they are due, so that the one due latest comes
+       last (it makes way first, then the next latest); among those due at the same moment, the newest (largest
+       r.admit_order) comes last.
     Free: the tuples' length; seconds as they are, or counted from now (the slack, due - self.clock.now(): the same
     order, since now is the same for everyone); helper methods of your own. Leave __init__ and schedule as they are.
     """

@@ -6,6 +6,20 @@ each step's plan from each request's due time and checks yours: the running one 
 newest), only as many as the KV cache needs, and for a newcomer only if due later than it; admissions in due order
 (ties: the queue's), no seat empty while the next one due fits; every reply the plain loop's, every block free after.
 WRONG (below) lists the mistakes a room makes, each caught; CORRECT, versions written differently that must pass.
+
+Then the differential checks (tests/lessons/drawn/lesson15.py), seeded (the same draws every run;
+MINILLM_CHECK_EXAMPLES=N draws N per check), the smallest input that differs shown first. Times are whole ticks of
+1/64 s; a drawn request is chat (TTFT only), batch (deadline only), both, or has no target (aging_s 1 to 32 ticks),
+and arrives at once, spread, so that its due time meets an earlier one's (exactly or a tick either side, before or
+after either's first token), or at the moment an earlier one is due (exactly or a tick past: the aging boundary),
+arrivals in seconds or by step. On 100 drawn moments (1 to 7 requests: never seated, preempted after or before their
+first token at step 0 or later, running with it or mid-prompt, seated in a drawn order; the clock at a due time, a
+tick past, or later) your rank must sort the queue and rank running requests after each waiting one as the
+reference's does (equal due times: equal ranks), your last_kept order the running as its does. On 25 drawn crowds
+(2 to 6 requests, 1 to 4 seats, roomy or tight pools of blocks of 2 or 4 tokens; half squeezed: long replies on 2 or
+3 seats in a pool that binds, so newcomers displace and the KV cache preempts; a quarter with a token budget, running
+requests mid-prompt) your policy seats each step as the reference does beside it on the same state, the referee above
+judging too. DRAWN_ONLY names the wrong versions only the drawn checks catch.
 """
 
 from __future__ import annotations
@@ -27,6 +41,7 @@ from minillm.layers import LayeredEngine
 from minillm.layers.policies import AGING_S, DeadlinePolicy, RankedPolicy
 from minillm.layers.service import DEFAULT, Service
 from tests.lessons import harness
+from tests.lessons.drawn.lesson15 import check_drawn
 from tests.lessons.harness import CHECKS, Guarded, Referee, case, implementations, small_model
 
 lesson = pytest.mark.lesson15  # your code's checks: pytest -m lesson15
@@ -37,12 +52,12 @@ BATCH, REPORT = Service("batch", 1, deadline_s=1.0), Service("report", 1, ttft_s
 
 @pytest.fixture(params=implementations(lesson))
 def policy_of(request):
-    """aging_s -> a policy to check: the reference (DeadlinePolicy, its own victim rule) or yours."""
+    """(aging_s, token_budget) -> a policy to check: the reference (DeadlinePolicy, its own victim rule) or yours."""
     if request.param == "reference":
-        return lambda aging_s: DeadlinePolicy(token_budget=None, victim="latest-due", aging_s=aging_s)
+        return lambda aging_s, budget=None: DeadlinePolicy(token_budget=budget, victim="latest-due", aging_s=aging_s)
     module = harness.student_module("lesson15_deadline")
     assert_writes_its_own_order(module)
-    return lambda aging_s: module.MyDeadlinePolicy(token_budget=None, aging_s=aging_s)
+    return lambda aging_s, budget=None: module.MyDeadlinePolicy(token_budget=budget, aging_s=aging_s)
 
 
 def assert_writes_its_own_order(module) -> None:
@@ -178,12 +193,27 @@ def serve(policy_of, name: str) -> DueReferee:
     return referee
 
 
-check_all = lambda policy_of: [serve(policy_of, name) for name in crowds()]
+def check_crowds(policy_of) -> None:
+    for name in crowds():
+        serve(policy_of, name)
+
+
+def check_drawn_inputs(policy_of, examples: int = 100) -> None:
+    check_drawn(policy_of, DueReferee, examples)
+
+
+def check_all(policy_of) -> None:
+    check_crowds(policy_of)
+    check_drawn_inputs(policy_of)
 
 
 @pytest.mark.parametrize("name", list(crowds()), ids=["at-once", "newcomers", "tight-kv", "by-step"])
 def test_each_step_seats_by_due_time_and_stays_exact(policy_of, name):
     serve(policy_of, name)
+
+
+def test_your_orders_and_plans_equal_the_references_on_drawn_crowds(policy_of):
+    check_drawn_inputs(policy_of)
 
 
 # --- the checks catch plausible mistakes ----------------------------------------------------------------------------
@@ -227,6 +257,13 @@ WRONG = {
     "admits-one-a-step": dict(plan=lambda p: replace(p, admit=p.admit[:1], tokens={
         k: n for k, n in p.tokens.items() if all(k != r.id for r in p.admit[1:])})),
 }  # fmt: skip
+DRAWN_ONLY = {  # right on every hand-built crowd; only the drawn checks catch these (words in their first line)
+    # equal due times left in seat order, which is not the admission order once a seat has been given back
+    "last-kept-is-the-rank": (dict(last=lambda p, r: (p.due(r),)), "your last_kept"),
+    # first come, first served read as "by arrival": a preempted request is back at the head, ahead of earlier ones
+    "ties-first-come-by-arrival": (dict(rank=lambda p, r: (p.due(r), p.arrived_s(r))), "your rank"),
+}
+WRONG |= {name: mistake for name, (mistake, _) in DRAWN_ONLY.items()}
 
 
 def by_slack(token_budget=None, aging_s=AGING_S) -> Edf:
@@ -253,20 +290,38 @@ class ByPromise(RankedPolicy):
         return self.rank(r) + (r.admit_order,)
 
 
-CORRECT = {"written-out": Edf, "by-slack": by_slack, "by-promise": ByPromise}
+def padded(token_budget=None, aging_s=AGING_S) -> Edf:
+    """Right, written differently: the first token told by the reply so far, tuples with elements that never reorder
+    (a constant; the id after admit_order, which no two running requests share)."""
+    due = lambda p, r: due_at(p.service(r), p.arrived_s(r), bool(r.output_ids), p.aging_s)
+    rank, last = lambda p, r: (p.due(r), 0), lambda p, r: (p.due(r), r.admit_order, r.id)
+    return Edf(token_budget, aging_s, due, rank=rank, last=last)
+
+
+CORRECT = {"written-out": Edf, "by-slack": by_slack, "by-promise": ByPromise, "padded": padded}
 
 
 @CHECKS
 @pytest.mark.parametrize("right", CORRECT.values(), ids=CORRECT.keys())
 def test_a_correct_version_passes(right):
-    check_all(lambda aging_s: right(token_budget=None, aging_s=aging_s))
+    check_all(lambda aging_s, budget=None: right(token_budget=budget, aging_s=aging_s))
 
 
 @CHECKS
-@pytest.mark.parametrize("mistake", WRONG.values(), ids=WRONG.keys())
-def test_the_checks_catch_a_wrong_deadline_policy(mistake):
+@pytest.mark.parametrize("name", [name for name in WRONG if name not in DRAWN_ONLY])
+def test_the_checks_catch_a_wrong_deadline_policy(name):
     with pytest.raises(AssertionError):
-        check_all(lambda aging_s: Edf(aging_s=aging_s, **mistake))
+        check_crowds(lambda aging_s, budget=None: Edf(budget, aging_s, **WRONG[name]))
+
+
+@CHECKS
+@pytest.mark.parametrize("name", DRAWN_ONLY)
+def test_the_drawn_checks_catch_what_the_crowds_miss(name):
+    mistake, words = DRAWN_ONLY[name]
+    wrong = lambda aging_s, budget=None: Edf(budget, aging_s, **mistake)
+    check_crowds(wrong)  # every hand-built crowd passes it
+    first, message = harness.failure_of(check_drawn_inputs, wrong)
+    assert words in first, message
 
 
 @CHECKS
@@ -283,7 +338,7 @@ def test_the_crowds_are_what_their_names_say():
 @CHECKS
 def test_a_stub_says_not_attempted_yet():  # (the NotImplementedError reaches the lesson summary untouched)
     with pytest.raises(NotImplementedError):
-        check_all(lambda aging_s: Edf(aging_s=aging_s, rank=harness.stub))
+        check_all(lambda aging_s, budget=None: Edf(budget, aging_s, rank=harness.stub))
 
 
 BORROWED = ("from minillm.layers.policies import DeadlinePolicy as MyDeadlinePolicy\n",
