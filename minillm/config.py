@@ -92,6 +92,8 @@ class EngineConfig:
     record_blocks: bool = True  # record every request's block table at every step (the app's KV map; big on long runs)
     speculate: int = 0  # draft tokens each greedy decoding request guesses per step, for the model to check; 0: off
     drafter: str = "model"  # who guesses: "model" (a small draft model) or "ngram" (prompt lookup, no model)
+    host_blocks: int = 0  # a second KV tier: blocks kept in host memory under the prefix cache (layers/tier.py)
+    swap_above: int = 0  # a preempted request with this many tokens or more comes back from that tier, by copy
     # check the KV books every step (slow: for tests and debugging); MINILLM_DEBUG=1 turns it on everywhere
     debug: bool = field(default_factory=lambda: os.environ.get("MINILLM_DEBUG", "0") not in ("", "0"))
 
@@ -109,6 +111,12 @@ class EngineConfig:
         if not isinstance(self.speculate, int) or not 0 <= self.speculate <= MAX_SPECULATE:
             raise ConfigError(f"speculate must be a whole number of draft tokens from 0 (off) to {MAX_SPECULATE}, "
                               f"got {self.speculate!r}")  # fmt: skip
+        for name in ("host_blocks", "swap_above"):
+            value = getattr(self, name)
+            if not isinstance(value, int) or isinstance(value, bool) or value < 0:
+                raise ConfigError(f"{name} must be a whole number >= 0, got {value!r}")
+        if self.host_blocks and not self.prefix_caching:
+            raise ConfigError("host_blocks (a second KV tier) keeps prefix-cached blocks: turn on prefix caching too")
         if self.drafter not in ("model", "ngram"):
             raise ConfigError(f"drafter must be 'model' (a draft model) or 'ngram' (no model), got {self.drafter!r}")
 

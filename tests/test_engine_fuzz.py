@@ -4,13 +4,14 @@ Each workload draws a policy (static, continuous, or continuous by priority or d
 random promise for each request), a KV layout, a block size (1-16), a token budget (none, 1, a few tokens, a few
 dozen), prefix caching over shared and nested prompts, a pool from tight (preemption, eviction) to roomy, aborts at
 random steps (queued, mid-prompt, mid-reply, preempted) and now and then a second submit of a live request's id, now
-and then n replies to one prompt sharing its blocks, and half the time speculative decoding (k from 1 to 8) with a
-drafter that is always right (the model itself), one that is right now and then (the model with noise added), a
-stranger (another random model) or prompt lookup. Every step: the allocator's invariants (the engine's debug mode),
-no request lost, each seated request's cached tokens equal to what it computed, no draft left over, no draft cache
-ahead of its request. At the end: the pool fully free (rejected guesses' blocks included), and every reply equal to
-the plain no-cache loop's. A reply that parts from it where the loop's two best logits tie (within 1e-6: the order
-of float sums can break such a tie either way) is counted as a tie, not failed.
+and then n replies to one prompt sharing its blocks, now and then a second KV tier in host memory, and half the time
+speculative decoding (k from 1 to 8) with a drafter that is always right (the model itself), one that is right now
+and then (the model with noise added), a stranger (another random model) or prompt lookup. Every step: the
+allocator's invariants (the engine's debug mode), no request lost, each seated request's cached tokens equal to what
+it computed, no draft left over, no draft cache ahead of its request. At the end: the pool fully free (rejected
+guesses' blocks included), and every reply equal to the plain no-cache loop's. A reply that parts from it where the
+loop's two best logits tie (within 1e-6: the order of float sums can break such a tie either way) is counted as a
+tie, not failed.
 
     MINILLM_FUZZ_RUNS=3000 python3 -m pytest -q -s tests/test_engine_fuzz.py   # a long run; prints its counts
     MINILLM_FUZZ_SEED=1234 MINILLM_FUZZ_RUNS=1 ...                              # one workload again, by its seed
@@ -96,10 +97,13 @@ def draw_workload(rng: random.Random, runner=None):
     tight = [biggest, biggest, biggest + rng.randint(1, 4), biggest + rng.randint(1, 4)]  # preemption, eviction
     num_blocks = rng.choice(tight + [2 * biggest, 4 * biggest] + [max(1, biggest - 1)] * (rng.random() < 0.2))
     speculate, drafter = rng.choice([0, rng.randint(1, 8)]), rng.choice(["itself", "noisy", "stranger", "ngram"])
+    caching = kv == "paged" and rng.random() < 0.75
+    # a second KV tier in host memory under the prefix cache, now and then (one device only: ranks keep their own)
+    host = rng.choice([0, 0, rng.randint(1, 3 * biggest)]) if caching and runner is None else 0
     cfg = EngineConfig(slots=slots, kv=kv, block_size=block_size, num_blocks=num_blocks if kv == "paged" else None,
-                       max_len=256, prefix_caching=kv == "paged" and rng.random() < 0.75, debug=True,
-                       record_blocks=rng.random() < 0.3, speculate=speculate,
-                       drafter="ngram" if drafter == "ngram" else "model")  # fmt: skip
+                       max_len=256, prefix_caching=caching, debug=True, record_blocks=rng.random() < 0.3,
+                       speculate=speculate, drafter="ngram" if drafter == "ngram" else "model", host_blocks=host,
+                       swap_above=rng.choice([0, rng.randint(1, 60)]))  # fmt: skip
     policy = SCHEDULERS[rng.choice(["static", "continuous"])](token_budget=budget)
     aborts = sorted(rng.randint(0, 30) for _ in range(rng.choice([0, 0, 1, 2, 3])))  # steps to abort someone at
     resubmit = rng.randint(0, 20) if rng.random() < 0.2 else None
@@ -140,6 +144,7 @@ def check_the_end(engine: LayeredEngine, requests: list[Request], counts: Counte
         assert alloc.num_free == alloc.num_blocks and not alloc.tables, "KV blocks leaked"
         counts["evictions"] += alloc.events["evicted_keyed"]
         counts["hit blocks"] += alloc.events["hit_blocks"]
+        counts["blocks loaded from host"] += (engine.meta.get("tier_events") or {}).get("loaded", 0)
     assert engine.cache.stored_tokens == 0
     trace = engine.trace()
     assert summarize(trace)["prefix_hit_rate"] <= 1

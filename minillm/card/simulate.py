@@ -18,6 +18,7 @@ from __future__ import annotations
 import torch
 
 from minillm.card.hardware import Device
+from minillm.card.host_link import host_copy_seconds
 from minillm.card.modelspec import ModelSpec
 from minillm.card.roofline import activation_reserve_bytes, check_dtypes, free_kv_bytes, kv_blocks, weight_bytes
 from minillm.card.tensor_parallel import link_of, rank_spec, tp_choices, tp_step
@@ -92,6 +93,10 @@ class SimulatedRunner:
                  "heads")  # fmt: skip
         return (f"even in int4 its weights and a step's activations take {smallest / 2**30:,.0f} GiB of the card's "
                 f"usable {usable / 2**30:,.0f} GiB: {split}")  # fmt: skip
+
+    def host_copy_seconds(self, tokens: int) -> float:
+        """A second KV tier's copy of `tokens` tokens between host memory and this card (layers/tier.py)."""
+        return host_copy_seconds(self.spec, self.card, tokens, self.kv_dtype, self.tp)
 
     def make_cache(self, cfg: EngineConfig, max_len: int) -> PagedKVBooks:
         if cfg.kv != "paged":

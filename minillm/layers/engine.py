@@ -4,7 +4,8 @@
                    (constrain.py), the rejection rule
     lookahead      Speculation (speculate.py, drafters.py), when cfg.speculate asks for it
     each token     HandOver (handover.py): a marked request leaves after its first token
-    admit with KV  Replies (replies.py): n replies to one prompt, the prompt's blocks shared
+    admit with KV  Replies (replies.py): n replies to one prompt, the prompt's blocks shared; Tier (tier.py): a
+                   second KV tier in host memory, blocks written through and loaded back on a hit or after preemption
     policy         each request's Service (service.py): its class, priority and targets, which the
                    priority and deadline policies (policies.py) read and the trace keeps
     after the step Recorder (trace.py): a StepRecord per step, the run's Trace; the Sampler's
@@ -26,6 +27,7 @@ from minillm.layers.replies import Replies
 from minillm.layers.sampling import Sampler
 from minillm.layers.service import Service
 from minillm.layers.speculate import Speculation
+from minillm.layers.tier import Tier
 from minillm.layers.trace import Recorder, StepRecord, Trace, run_trace
 
 
@@ -45,6 +47,7 @@ class LayeredEngine(Engine):
             self.meta.setdefault("drafter", drafter.name)
         self.handover = HandOver(self)
         self.replies = Replies(self)
+        self.tier = Tier(self, self.cfg.host_blocks, self.cfg.swap_above) if self.cfg.host_blocks else None
         self.recorder = Recorder(self, self.sampler, self.speculation)
         self.observers.append(self.sampler.after_step)  # (after the Recorder: it reads this step's `allowed`)
         if self.cfg.debug:
@@ -59,6 +62,8 @@ class LayeredEngine(Engine):
             return self.replies.follow(self.live[follows[0]], request, follows[1], service)
         if self.replies.holds(request.id):  # (the core knows only the ids it has queued)
             raise InputError(f"request id {request.id!r} is already queued: give each request its own id")
+        if kv is None and self.tier is not None:  # (its prefix in host memory: loaded when it is seated)
+            kv = self.tier.source_for(request)
         queued = super().submit(request, kv)
         if service is not None:
             self.services[request.id] = service
@@ -79,6 +84,8 @@ class LayeredEngine(Engine):
         return self.recorder.records
 
     def step(self) -> StepRecord:
+        if self.tier is not None:  # (arrivals and the queue: their prefixes in host memory)
+            self.tier.before_step()
         super().step()
         return self.records[-1]
 
