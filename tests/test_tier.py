@@ -8,10 +8,12 @@ import random
 
 import pytest
 
+from minillm.card import whatif
 from minillm.card.hardware import get_device
 from minillm.card.host_link import host_copy_seconds
 from minillm.card.modelspec import load_spec
 from minillm.card.simulate import SimulatedRunner
+from minillm.card.swap_cost import crossover, recompute_seconds, swap_seconds
 from minillm.config import EngineConfig
 from minillm.engine.generate import generate
 from minillm.engine.request import Request
@@ -103,3 +105,17 @@ def test_a_tier_needs_prefix_caching_and_whole_numbers():
         EngineConfig(host_blocks=8)
     with pytest.raises(ConfigError, match="host_blocks must be a whole number"):
         EngineConfig(prefix_caching=True, host_blocks=-1)
+
+
+@pytest.mark.parametrize("gpu", ["h100-sxm", "a100-80gb-sxm"])
+def test_recompute_below_a_length_copy_back_above_it(gpu):
+    """The crossover is one crossing: recomputing is cheaper below it (the chunk rides in a memory-bound step), copying
+    back at and above it (the chunk has made the step compute-bound), at every length sampled."""
+    spec, card = load_spec("llama-3.1-8b"), get_device(gpu)
+    cross = crossover(spec, card, batch=16, context=2048)
+    assert cross is not None and 16 < cross < 1024
+    cheaper = lambda n: swap_seconds(spec, card, n) < recompute_seconds(spec, card, n, 16, 2048)  # noqa: E731
+    assert not any(cheaper(n) for n in range(1, cross, 7)) and all(cheaper(n) for n in range(cross, 8192, 97))
+    plan = whatif.plan(spec, card, context=2048, batch=16)
+    assert plan["preempted"]["crossover_tokens"] == cross and f"below {cross:,} tokens" in whatif.summary(plan)
+    assert whatif.plan(spec, get_device("apple-m2-ultra"), context=2048)["preempted"] is None  # (one memory)

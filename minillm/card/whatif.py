@@ -13,9 +13,11 @@ from __future__ import annotations
 from minillm.card import roofline
 from minillm.card.experts import experts_line
 from minillm.card.hardware import Device
+from minillm.card.host_link import HOST_LINKS, host_link
 from minillm.card.kv_layout import kv_lines
 from minillm.card.model_bytes import kv_bytes_per_user, touched_weight_bytes
 from minillm.card.modelspec import ModelSpec
+from minillm.card.swap_cost import crossover, recompute_seconds, swap_seconds
 from minillm.card.tensor_parallel import (
     dominated_batches,
     link_of,
@@ -115,7 +117,19 @@ def plan(spec: ModelSpec, device: Device, dtype="bf16", kv_dtype="bf16", context
         "comm_share_by_tp": {t: decode_at(t).comm_share for t in tp_choices(spec)} if wire else None,
         "comm_dominates": where_they_dominate(dominated) if wire else None,
         "prefill_chunk_comm_share": chunk.comm_share,  # one prompt chunk of RESERVE_TOKENS tokens
+        "preempted": preempted(spec, device, batch, context, dtype, kv_dtype, tp) if weights_fit else None,
     }
+
+
+def preempted(spec: ModelSpec, device: Device, batch: int, context: int, dtype: str, kv_dtype: str, tp: int):
+    """A user of `context` tokens preempted from a step of `batch` users: its KV computed again or copied back from
+    host memory (swap_cost.py); None on a card without a host link (its memory is the host's)."""
+    if device.name not in HOST_LINKS:
+        return None
+    return {"link": host_link(device).label, "crossover_tokens": crossover(spec, device, batch, context, dtype,
+                                                                           kv_dtype, tp),
+            "recompute_s": recompute_seconds(spec, device, context, batch, context, dtype, kv_dtype, tp),
+            "copy_s": swap_seconds(spec, device, context, kv_dtype, tp)}  # fmt: skip
 
 
 def why(spec: ModelSpec, rank: ModelSpec, dtype: str, kv_dtype: str, context: int, batch: int) -> list[str]:
@@ -184,6 +198,8 @@ def summary(p: dict) -> str:
         f"{p['ridge_intensity']:.0f}" + (f" (compute-bound from about batch {p['ridge_batch']:.0f} at short context)"
                                           if p["ridge_batch"] else ""),
     ]  # fmt: skip
+    if p.get("preempted"):
+        lines.append(f"  preempted {preempted_line(p)}")
     if tp > 1:
         by_tp = ", ".join(f"tp {t}: {x:.0%}" for t, x in p["comm_share_by_tp"].items())
         lines += [
@@ -195,3 +211,14 @@ def summary(p: dict) -> str:
             f"{roofline.RESERVE_TOKENS}-token prompt chunk: {p['prefill_chunk_comm_share']:.0%}",
         ]
     return "\n".join(lines)
+
+
+def preempted_line(p: dict) -> str:
+    """A user preempted from this plan's step: which way back is cheaper, and from how many tokens."""
+    q, cross = p["preempted"], p["preempted"]["crossover_tokens"]
+    rule = (f"recompute below {cross:,} tokens, copy back from host memory above" if cross and cross > 1 else
+            "copy back from host memory" if cross else "recompute")  # fmt: skip
+    return (
+        f"{rule} ({q['link']}): at {p['context']:,} tokens, recompute {q['recompute_s'] * 1e3:.1f} ms in a "
+        f"batch-{p['batch']} step, copy {q['copy_s'] * 1e3:.1f} ms"
+    )

@@ -209,6 +209,8 @@ def card_view(choice: dict, plan: dict, crowd: dict | None, pictures: tuple) -> 
         figures(plan, crowd)
         for reason in crowd["why"]:  # what this model's shape changes (whatif.why): said where the numbers are
             st.caption(f"{reason[0].upper()}{reason[1:]}.")
+        if crowd["preempted"]:  # (a second KV tier: swap_cost.py)
+            st.caption(f"A user preempted from this crowd: {whatif.preempted_line(crowd)}.")
     memory, users, speed, by_tp = pictures
     multicard.tp_view(plan, crowd, by_tp)
 
