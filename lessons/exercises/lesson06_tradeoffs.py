@@ -30,14 +30,17 @@ class MyFairScheduler:
     """Part 2. Continuous batching that beats first come, first served on TTFT p90, without starving anyone.
 
     The engine calls schedule(waiting, seats, kv) once per step, from step 0 (count your calls to know the
-    step), exactly as in lesson 04. In the crowds it is judged on (lessons/fairness.py) memory is plentiful:
-    you may leave preemption out. You may use r.max_new_tokens (there, exactly the length of the reply),
-    r.arrival_step, your step count, and the order of `waiting` (arrival order, the head first).
+    step), exactly as in lesson 04. In every crowd your policy serves here memory is plentiful (whoever waits
+    fits): you may leave preemption out. You may use r.max_new_tokens (in the judged crowds, exactly the length
+    of the reply), r.arrival_step, your step count, and the order of `waiting` (arrival order, the head first).
 
-    Judged against first come, first served on the same crowds:
+    Judged against first come, first served on the crowds of lessons/fairness.py (four seats):
       - TTFT p90 (nearest rank) at least 15% lower;
       - nobody starves: no user waits longer for a first token than the longest wait under FCFS.
-    Return Plan(admit=[...]) (requests from `waiting`, at most one per free seat).
+    Then drawn crowds (1 to 12 users on 1 to 4 seats; some replies end on EOS before max_new_tokens) check what
+    every right policy does: the engine carries out each plan, and everybody is served in full.
+    Return Plan(admit=[...]): requests from `waiting`, at most one per free seat, and one for EVERY free seat
+    while anybody waits (your policy decides who boards first, never whether a seat stays empty).
     """
 
     name = "my-fair"

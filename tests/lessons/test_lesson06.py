@@ -20,14 +20,27 @@ the real engine with a countdown stand-in model: replies that end on EOS at once
 their caps of 1 to 8 (a cap of 0: rejected); arrivals at steps 0 to 4; prompts sharing a start; and each engine
 mode drawn on or off: chunked prefill (a budget of 1 to 6 tokens), a tight paged pool (preemption), prefix caching,
 speculation (1 to 3 guesses a step by prompt lookup: several tokens in one step, TPOT below 1), an abort at a drawn
-step, a run cut short. Part 2 has no differential check: many policies are right, and the judgement on the crowds
-is the check. DRAWN_ONLY names the wrong answers only the drawn traces catch.
+step, a run cut short. DRAWN_ONLY names the wrong answers only the drawn traces catch.
+
+Part 2 cannot be compared with a reference (many policies are right), so its drawn check (same file) is of what
+every valid policy does, on 60 drawn crowds of the kind lessons/fairness.py builds, your scheduler fresh for each,
+served by the real engine (the countdown stand-in, the KV books checked every step). Its strategies: 1 to 12 users
+on 1 to 4 seats; replies short (1 to 12 tokens, 1 on purpose) or long (13 to 24, one user in four), exactly
+max_new_tokens long (EOS ignored) or, one in four, ending on EOS sooner (at once included); prompts of 1 to 12 tokens
+(1 and block boundaries on purpose); everybody arriving in one step (0 to 4), or spread out 0 to 6 steps apart
+(equal arrivals too); plentiful memory as the exercise promises, from exactly enough to roomy: the contiguous layout,
+or a paged pool of blocks of 1, 2 or 4 tokens holding what the largest requests that fit the seats hold at their
+longest, plus 0 to 8 blocks. Every crowd: the engine carries out every plan; no seat stays empty while somebody
+waits; every request finishes within three times the crowd's tokens after its last arrival, its reply token for
+token the plain one-user loop's; every KV block is free at the end. DRAWN_ONLY_POLICIES names the wrong policies
+that pass the judgement on the crowds and only the drawn crowds catch.
 """
 
 from __future__ import annotations
 
 import copy
 import functools
+import itertools
 import math
 import numbers
 from fractions import Fraction
@@ -43,7 +56,8 @@ from minillm.layers import LayeredEngine
 from minillm.layers.trace import Trace
 from minillm.model.tokenizer import EOS, encode_prompt
 from minillm.runs.metrics import per_request
-from tests.lessons.drawn.lesson06 import check_drawn
+from tests.lessons.differential import against_reference
+from tests.lessons.drawn.lesson06 import check_drawn, check_drawn_policy, crowds
 from tests.lessons.harness import (
     CHECKS,
     assert_writes_its_own_policy,
@@ -248,8 +262,18 @@ def check_policy(make_scheduler) -> None:
     )
 
 
+def check_drawn_crowds(make_scheduler) -> None:
+    """What every valid policy does, on drawn crowds (tests/lessons/drawn/lesson06.py): plans the engine carries out,
+    no seat empty while somebody waits, everybody served in full, every KV block free at the end."""
+    check_drawn_policy(make_scheduler)
+
+
 def test_your_policy_beats_fcfs_on_ttft_p90_without_starving_anyone(fair_scheduler):
     check_policy(fair_scheduler)
+
+
+def test_your_policy_serves_every_drawn_crowd(fair_scheduler):
+    check_drawn_crowds(fair_scheduler)
 
 
 # --- the checks catch plausible mistakes --------------------------------------------------------
@@ -426,6 +450,38 @@ RIGHT_POLICIES = {
     "counts-each-requests-waits": CountsWaits,
 }
 
+
+class Boarding:
+    """Wrong in three ways, each judged fast and fair on the crowds: the reference's order (whoever has waited
+    PATIENCE steps, then shortest reply first), but `board` changes who of it boards."""
+
+    name, holds_finished_seats, PATIENCE = "boarding-variant", False, 40
+
+    def __init__(self, board: str):
+        self.board, self.step = board, 0
+
+    def schedule(self, waiting, seats, kv):
+        tired = [r for r in waiting if self.step - r.arrival_step >= self.PATIENCE]
+        order = tired + sorted((r for r in waiting if r not in tired), key=lambda r: r.max_new_tokens)
+        free, admit = seats.count(None), []
+        if self.board == "one-a-step":  # one newcomer a step, however many seats are free
+            admit = order[: min(free, 1)]
+        elif self.board == "four-seats":  # the free seats counted as four less the busy ones (the crowds' four)
+            admit = order[: 4 - sum(s is not None for s in seats)]
+        elif self.board == "keep-a-seat":  # a long reply (the crowds' short ones ask 4 to 12 tokens) never takes the
+            for r in order:  # last free seat before it is tired: a short one arriving next boards at once
+                if len(admit) < free and not (r.max_new_tokens > 12 and r not in tired and len(admit) == free - 1):
+                    admit.append(r)
+        self.step += 1
+        return Plan(admit=admit)
+
+
+DRAWN_ONLY_POLICIES = {  # each passes the judgement on the crowds; the drawn crowds catch it, first line saying so
+    "one-newcomer-a-step": (lambda: Boarding("one-a-step"), "seat stayed empty while"),
+    "keeps-a-seat-for-short-replies": (lambda: Boarding("keep-a-seat"), "seat stayed empty while"),
+    "assumes-four-seats": (lambda: Boarding("four-seats"), "the engine refused your plan"),
+}
+
 WRONG_POLICIES = {
     "first-come-first-served": lambda: Priority(),
     "shortest-first-starves-the-long": lambda: Priority(key=lambda r: r.max_new_tokens),
@@ -505,6 +561,40 @@ def test_the_edge_traces_are_what_they_say():
 @pytest.mark.parametrize("policy", RIGHT_POLICIES.values(), ids=RIGHT_POLICIES.keys())
 def test_a_correct_policy_passes(policy):
     check_policy(policy)
+    check_drawn_crowds(policy)
+
+
+@CHECKS
+@pytest.mark.parametrize("name", DRAWN_ONLY_POLICIES)
+def test_the_drawn_crowds_catch_a_policy_the_judgement_passes(name):
+    policy, says = DRAWN_ONLY_POLICIES[name]
+    check_policy(policy)  # the judgement on the crowds passes it (and it decides alike when served twice)
+    with pytest.raises(AssertionError) as caught:
+        check_drawn_crowds(policy)
+    first = str(caught.value).splitlines()[0]
+    assert first.startswith("with ") and says in first, str(caught.value)
+
+
+@CHECKS
+def test_the_drawn_crowds_are_what_the_docstring_says():
+    drawn = []
+    against_reference("the crowds", crowds(), drawn.append, 60)  # the draws the check serves (seeded)
+    users = {len(c.shape) for c in drawn}
+    shapes = [s for c in drawn for s in c.shape]
+    assert {1, 12} <= users and users <= set(range(1, 13)) and {c.slots for c in drawn} == {1, 2, 3, 4}
+    assert {c.block_size for c in drawn} == {None, 1, 2, 4}, "the contiguous layout, blocks of 1, 2 and 4 tokens"
+    assert any(c.block_size and not c.spare for c in drawn) and any(c.spare > 4 for c in drawn), "exactly, roomy"
+    assert any(len(c.shape) > 1 and len({s[4] for s in c.shape}) == 1 for c in drawn), "everybody in one step"
+    assert any(len({s[4] for s in c.shape}) not in (1, len(c.shape)) for c in drawn), "equal arrivals, spread out"
+    caps = {cap for _, _, _, cap, _ in shapes}
+    assert {1, 12, 13} <= caps and max(caps) > 20, "replies of 1 and 12 tokens (short), of 13 and 20 and more (long)"
+    assert {1, 12} <= {n for _, n, _, _, _ in shapes}, "prompts of 1 and 12 tokens"
+    assert any(says == 0 for _, _, says, _, _ in shapes) and any(0 < says < cap for _, _, says, cap, _ in shapes)
+    assert sum(says >= cap for _, _, says, cap, _ in shapes) > len(shapes) / 2, "mostly exact lengths (EOS ignored)"
+    for c in (c for c in drawn if c.block_size):  # memory never binds: any seated requests fit at their longest
+        longest = [-(-r.max_cached_tokens // c.block_size) for r in c.requests()]
+        most = max(sum(seated) for seated in itertools.combinations(longest, min(c.slots, len(longest))))
+        assert most <= c.num_blocks and (c.spare or most == c.num_blocks), f"{c.describe()}: {longest}"
 
 
 @CHECKS
@@ -536,3 +626,5 @@ def test_the_stubs_are_rejected():
 
     with pytest.raises(NotImplementedError):
         check_policy(Stub)
+    with pytest.raises(NotImplementedError):
+        check_drawn_crowds(Stub)

@@ -6,6 +6,22 @@ arriving at steps 0 to 4, their prompts sharing the first tokens (a countdown 9,
 the course covers, each drawn on or off: chunked prefill (a token budget of 1 to 6), a tight paged pool
 (preemption), prefix caching (prefix hits), speculation (1 to 3 guesses by prompt lookup: several tokens in a step),
 a client hanging up (an abort at a drawn step), and a run cut short (requests still running at the end).
+
+Part 2 has no reference to compare with (many policies are right), so its drawn check is of what EVERY valid fair
+scheduler does, on drawn crowds of the kind lessons/fairness.py builds: 1 to 12 users on 1 to 4 seats, replies short
+(1 to 12 tokens, 1 on purpose) or long (13 to 24; one user in four), each exactly max_new_tokens long (EOS ignored)
+or, one in four, ending on EOS sooner (at once included); prompts of 1 to 12 tokens (1, and at block boundaries, on
+purpose); everybody arriving in one step (0 to 4) or spread out (0 to 6 steps apart: equal arrivals too); KV memory
+plentiful, as the exercise promises, from exactly enough to roomy: the contiguous layout, or a paged pool of blocks
+of 1, 2 or 4 tokens holding what the largest requests that fit the seats hold at their longest, plus 0 to 8 blocks
+(with none spare, seats full of the largest requests use every block). Your scheduler, fresh for each crowd, serves
+it in the real engine (the countdown stand-in; the KV books checked after every step), and:
+  - the engine carries out every plan (no PlanError: requests from the queue, at most one per free seat);
+  - no seat stays empty while somebody waits (the exercise text: fill every free seat; everybody fits);
+  - every request finishes within three times the crowd's tokens after its last arrival (a policy that keeps the
+    seats busy needs at most its replies' tokens);
+  - every reply is, token for token, the plain one-user loop's (greedy, no cache);
+  - every KV block is free at the end.
 """
 
 from __future__ import annotations
@@ -16,12 +32,14 @@ from hypothesis import strategies as st
 
 from minillm.config import EngineConfig
 from minillm.engine.request import Request
-from minillm.engine.scheduler import ContinuousScheduler
+from minillm.engine.scheduler import ContinuousScheduler, Plan
 from minillm.layers import LayeredEngine
 from minillm.layers.trace import Trace
 from minillm.model.tokenizer import BOS
-from tests.lessons.differential import against_reference, plural, request_line
+from tests.lessons.differential import ENV, against_reference, near, plural, request_line
+from tests.lessons.differential import examples as draws
 from tests.lessons.drawn.crowds import countdown_model
+from tests.lessons.harness import Decision, Referee, expected_reply, first_difference, raised_in_your_code, serve
 
 RAMP = [9, 8, 7, 6, 5, 4, 3, 2, 1, 0]  # a shared start (prefix hits) that prompt lookup can guess from
 
@@ -107,3 +125,149 @@ def compare(ttft_tpot, check_one_trace):
 def check_drawn(ttft_tpot, check_one_trace, examples: int = 60) -> None:
     """check_one_trace: the lesson's own comparison of one trace (tests/lessons/test_lesson06.py)."""
     against_reference("ttft_tpot", runs(), compare(ttft_tpot, check_one_trace), examples)
+
+
+# --- part 2: what every fair scheduler does, on drawn crowds ----------------------------------------------------------
+@dataclass(frozen=True)
+class Crowd:
+    shape: tuple[tuple[str, int, int, int, int], ...]  # (id, prompt tokens, reply before EOS, cap, arrival step)
+    slots: int
+    block_size: int | None  # None: the contiguous layout
+    spare: int  # paged: blocks beyond what memory ever needs
+
+    def requests(self) -> list[Request]:
+        """says >= cap: a reply of exactly cap tokens, EOS ignored (lessons/fairness.py's kind); says < cap: the
+        countdown stand-in says EOS after `says` tokens (a prompt of 1 token, only BOS: at once)."""
+        return [
+            Request(rid, [BOS] + [65] * (n - 2) + [says] * (n > 1), cap, arrival_step=at, ignore_eos=says >= cap)
+            for rid, n, says, cap, at in self.shape
+        ]
+
+    @property
+    def need(self) -> int:
+        """Blocks the largest requests that fit the seats hold at their longest: no seating ever needs more."""
+        size = self.block_size or 1
+        most = sorted((-(-(n + cap - 1) // size) for _, n, _, cap, _ in self.shape), reverse=True)
+        return sum(most[: self.slots])
+
+    @property
+    def num_blocks(self) -> int | None:
+        return None if self.block_size is None else self.need + self.spare
+
+    @property
+    def bound(self) -> int:
+        """The steps every request must finish within: three times the crowd's tokens after its last arrival."""
+        return max(at for *_, at in self.shape) + 3 * sum(n + cap for _, n, _, cap, _ in self.shape)
+
+    def describe(self) -> str:
+        if self.block_size is None:
+            pool = "the contiguous layout (memory never binds)"
+        else:
+            enough = "exactly enough for" if not self.spare else f"{plural(self.spare, 'block')} more than"
+            pool = (
+                f"a pool of {plural(self.num_blocks, 'block')} of {plural(self.block_size, 'token')} ({enough} the "
+                f"largest requests that fit the seats at their longest: memory never runs short)"
+            )
+        crowd = f"these {len(self.shape)} users" if len(self.shape) > 1 else "this user"
+        return f"with {crowd} on {plural(self.slots, 'seat')} and {pool}"
+
+    def listing(self) -> list[str]:
+        return [request_line(rid, n, says, cap, at) for rid, n, says, cap, at in self.shape]
+
+
+@st.composite
+def crowds(draw) -> Crowd:
+    slots, block_size = draw(st.integers(1, 4)), draw(st.sampled_from([None, 1, 2, 4]))
+    count = draw(st.one_of(st.just(1), st.integers(1, 12), st.just(12)))
+    together, at = draw(st.booleans()), draw(near([0], 0, 4))
+    shape = []
+    for i in range(count):
+        long = draw(st.integers(0, 3)) == 3  # one in four (shrinking: short)
+        cap = draw(st.integers(13, 24)) if long else draw(near([1], 1, 12))
+        n = draw(near([1, *(k * (block_size or 1) for k in (1, 2, 3))], 1, 12))
+        early = draw(st.integers(0, 3)) == 3  # one in four ends on EOS before its cap (shrinking: exact)
+        says = cap if not early else 0 if n == 1 else draw(st.one_of(st.just(0), st.integers(0, cap - 1)))
+        at += 0 if together or not i else draw(st.integers(0, 6))
+        shape.append((f"u{i}", n, says, cap, at))
+    spare = draw(near([0], 0, 8)) if block_size else 0
+    return Crowd(tuple(shape), slots, block_size, spare)
+
+
+def fills_every_free_seat(d: Decision) -> None:
+    """No seat stays empty while somebody waits: memory is plentiful, so everybody who waits fits. (A plan the engine
+    refuses is left to the engine, which says why.)"""
+    seats = d.free_seats + len(d.preempt)  # a victim's seat is free for a newcomer too
+    refused = len(set(d.admit)) < len(d.admit) or any(rid not in d.waiting for rid in d.admit) or len(d.admit) > seats
+    if refused or len(d.admit) >= min(seats, len(d.waiting)):
+        return
+    left = [rid for rid in d.waiting if rid not in d.admit]
+    empty = min(seats, len(d.waiting)) - len(d.admit)
+    raise AssertionError(
+        f"{d.where()}: you admitted {d.admit}, so {plural(empty, 'seat')} stayed empty while {left} waited, and "
+        "everybody fits (memory is plentiful). Fill every free seat while anybody waits: your policy decides who "
+        "boards first, never whether a seat stays empty"
+    )
+
+
+class Named:
+    """Your scheduler, its crash named: the step and the queue it saw, and your line. (It may reorder or change the
+    lists it is given: the engine hands it copies.)"""
+
+    def __init__(self, scheduler):
+        self.inner, self.calls = scheduler, 0
+        self.name, self.holds_finished_seats = scheduler.name, scheduler.holds_finished_seats
+
+    def __getattr__(self, name):  # anything else the engine asks is your scheduler's
+        return getattr(self.inner, name)
+
+    def schedule(self, waiting, seats, kv) -> Plan:
+        step, self.calls = self.calls, self.calls + 1
+        queue = [r.id for r in waiting]
+        try:
+            return self.inner.schedule(waiting, seats, kv)
+        except (NotImplementedError, AssertionError):
+            raise
+        except Exception as e:
+            raise AssertionError(
+                f"step {step}: queue {queue}: your schedule() raised {type(e).__name__}: {e}{raised_in_your_code(e)}"
+            ) from e
+
+
+def serve_crowd(make_scheduler):
+    def run(crowd: Crowd):
+        requests, model = crowd.requests(), countdown_model()
+        kv = dict(kv="contiguous") if crowd.block_size is None else dict(kv="paged", block_size=crowd.block_size)
+        scheduler = Referee(Named(make_scheduler()), fills_every_free_seat)
+        try:
+            engine = serve(model, scheduler, requests, crowd.bound, slots=crowd.slots, num_blocks=crowd.num_blocks,
+                           debug=True, **kv)  # fmt: skip
+            stuck = [r.id for r in requests if not r.is_finished]
+            assert not stuck, (
+                f"after {engine.step_no} steps (three times the crowd's tokens after its last arrival) these requests "
+                f"never finished: {stuck} (still waiting: {[r.id for r in engine.waiting]}, seated: "
+                f"{[r.id for r in engine.running()]}): somebody starves"
+            )
+            for r in requests:
+                want = expected_reply(model, tuple(r.prompt_ids), r.max_new_tokens, r.ignore_eos)
+                assert r.output_ids == want, (
+                    f"{r.id}: its reply differs from the plain one-user loop's: {first_difference(want, r.output_ids)}"
+                )
+            held = engine.cache.num_blocks - engine.cache.free_blocks
+            assert not held, f"{plural(held, 'KV block is', 'KV blocks are')} still held after the run"
+        except AssertionError as error:
+            raise AssertionError("\n".join([f"{crowd.describe()}, {error}", *crowd.listing()])) from error
+
+    return run
+
+
+def check_drawn_policy(make_scheduler, default: int = 60) -> None:
+    """make_scheduler(): a fresh scheduler for each drawn crowd. There is no reference to compare with: the last line
+    of a failure says what the check did instead."""
+    try:
+        against_reference("your policy", crowds(), serve_crowd(make_scheduler), default)
+    except AssertionError as error:
+        message = str(error).rpartition("\n  (your policy compared with the reference")[0] or str(error)
+        raise AssertionError(
+            f"{message}\n  (your policy served {draws(default)} drawn crowds: this is the smallest it fails; the "
+            f"draws are the same every run, {ENV}=N draws N)"
+        ) from error
