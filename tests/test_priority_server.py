@@ -123,7 +123,7 @@ class StandIn:
     def __init__(self):
         self.sent = []
 
-    def submit(self, request, stream, service=None):
+    def submit(self, request, stream, service=None, follows=None):  # (LoopHandle.submit's arguments)
         self.sent.append((request.id, service))
 
 

@@ -65,6 +65,7 @@ def plot_all(results: dict, out: Path) -> list[Path]:
         ax.bar(labels, [r["tokens_per_s"] for r in rows], color=["tab:grey", "tab:blue", "tab:olive", "tab:green"])
         ax.set(ylabel="tokens/s", title="{static, continuous} x {contiguous, paged}, same KV memory")
         paths.append(_save(fig, out / "two_by_two.png"))
+    from minillm.bench.replies import plot as replies_plot
     from minillm.bench.report_speculation import plot as speculation_plot
     from minillm.bench.who_goes_first import plot as who_goes_first_plot
 
@@ -74,6 +75,7 @@ def plot_all(results: dict, out: Path) -> list[Path]:
         + roofline.plots(results, out, _save)
         + speculation_plot(results, out, _save)
         + who_goes_first_plot(results, out, _save)
+        + replies_plot(results, out, _save)
     )
 
 
@@ -224,4 +226,8 @@ def markdown(results: dict, command: str, plot_dir: str | None = None) -> str:
         from minillm.bench.who_goes_first import markdown as who_markdown
 
         lines += who_markdown(results["who_goes_first"], img)
+    if "replies" in results:
+        from minillm.bench.replies import markdown as replies_markdown
+
+        lines += replies_markdown(results["replies"], img)
     return "\n".join(lines)

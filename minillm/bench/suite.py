@@ -14,6 +14,7 @@ from minillm.bench.calls import bench_calls
 from minillm.bench.common import BenchSettings, machine_description
 from minillm.bench.fleet import bench_fleet
 from minillm.bench.peer import bench_peer
+from minillm.bench.replies import bench_replies
 from minillm.bench.roofline import bench_roofline
 from minillm.bench.scheduling import BENCHES as SCHEDULING_BENCHES
 from minillm.bench.server import bench_server, bench_transformers_server
@@ -46,6 +47,7 @@ BENCHES = (
         "fleet": bench_fleet,
         "peer": bench_peer,
         "who_goes_first": bench_who_goes_first,
+        "replies": bench_replies,
     }
 )
 

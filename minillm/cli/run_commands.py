@@ -27,6 +27,19 @@ def seats(text: str) -> int:
     return value
 
 
+def replies_flag(value) -> int:
+    """--n (run and load): the replies each request asks for, checked in the command so a bad one gets one line."""
+    from minillm.layers.replies import MAX_REPLIES
+
+    try:
+        n = int(value)
+    except ValueError:
+        n = None
+    if n is None or not 1 <= n <= MAX_REPLIES:
+        raise ConfigError(f"--n is the replies to each request: a whole number from 1 to {MAX_REPLIES}, got {value}")
+    return n
+
+
 def cmd_run(args: argparse.Namespace) -> None:
     import json
 
@@ -50,6 +63,7 @@ def cmd_run(args: argparse.Namespace) -> None:
     if args.simulate and args.tp > 1:
         raise ConfigError("--tp splits the tiny model across processes here; a real model's tensor parallelism on "
                           "real cards is priced by `whatif --tp N` instead")  # fmt: skip
+    args.n = replies_flag(args.n)
     model = simulated_runner(args) if args.simulate else load_model_from(args)
     knobs = ChatKnobs(requests=args.requests, rate=args.rate, spread=args.spread, force_lengths=args.force_lengths,
                       rate_per_s=args.rate_per_s, prompt_len=args.prompt_len, reply_len=args.reply_len)  # fmt: skip
@@ -59,11 +73,11 @@ def cmd_run(args: argparse.Namespace) -> None:
         args.seed, progress=not args.json, token_budget=args.token_budget, prefix_caching=args.prefix_caching,
         sampling=Sampling(args.temperature, args.top_p, args.top_k) if args.temperature > 0 else None,
         speculate=args.speculate, drafter=args.drafter, tp=args.tp, victim=args.victim,
-        targets=ClassTargets(args.chat_ttft_s, args.chat_tpot_s, args.batch_deadline_s),
+        targets=ClassTargets(args.chat_ttft_s, args.chat_tpot_s, args.batch_deadline_s), n=args.n,
     )  # fmt: skip
     if args.trace:
         trace.save(args.trace)
-    summary = summarize(trace) | {"run_wall_s": time.perf_counter() - started}
+    summary = summarize(trace) | {"run_wall_s": time.perf_counter() - started, "n": args.n}
     if args.simulate:  # the steps' seconds are the simulated clock's, not this machine's: say so
         summary = {("simulated_s" if key == "wall_s" else key): value for key, value in summary.items()}
     if args.json:
@@ -104,6 +118,10 @@ def run_summary_text(args: argparse.Namespace, cfg: dict, summary: dict) -> str:
         f"{summary['prompt_tokens']} prompt tokens from the prefix cache (hit rate {summary['prefix_hit_rate']:.0%})",
         f"  KV waste     {summary['kv_waste']:.1%}   preemptions {summary['preemptions']}",
     ]
+    if summary.get("n", 1) > 1:  # (n replies to each prompt: its KV computed once, shared)
+        lines.insert(2, f"  replies      {summary['n']} to each of {summary['requests'] // summary['n']} prompts: "
+                     f"{summary['finished']} made; {summary['prefill_tokens']} prompt tokens computed for the "
+                     f"{summary['prompt_tokens']} in their prompts")  # fmt: skip
     classes = sorted(key.removesuffix("_requests_judged") for key in summary if key.endswith("_requests_judged"))
     if classes != ["default"] and classes:  # (targets given: who got the service they were promised)
         each = ", ".join(f"{c} {summary[f'{c}_targets_met']}/{summary[f'{c}_requests_judged']}" for c in classes)
@@ -156,6 +174,7 @@ def cmd_bench(args: argparse.Namespace) -> None:
 def add_commands(sub) -> None:
     from minillm.engine.scheduler import DEFAULT_TOKEN_BUDGET
     from minillm.layers.policies import POLICIES, VICTIMS
+    from minillm.layers.replies import MAX_REPLIES
     from minillm.runs.classes import ClassTargets
     from minillm.runs.workload import ALL_WORKLOADS
 
@@ -203,6 +222,8 @@ def add_commands(sub) -> None:
     p.add_argument("--drafter", default="model", choices=["model", "ngram"],
                    help="who guesses: the shipped draft model, or prompt lookup (no model)")  # fmt: skip
     p.add_argument("--requests", type=positive_int, default=32, help="how many users (not seed-story)")
+    p.add_argument("--n", default=1, metavar="N", help=f"replies to each user's prompt (OpenAI's n, 1 to "
+                   f"{MAX_REPLIES}): its KV computed once and shared; reply i draws from the seed + i")  # fmt: skip
     p.add_argument(
         "--rate",
         type=positive_float,

@@ -74,11 +74,12 @@ def cmd_load(args: argparse.Namespace) -> None:
     from dataclasses import asdict
     from pathlib import Path
 
+    from minillm.cli.run_commands import replies_flag
     from minillm.errors import InputError
     from minillm.serving.loadgen import jobs_from_workload, run_jobs, summarize_load
 
     jobs = jobs_from_workload(args.workload, args.requests, args.rate_per_s, args.seed, args.force_lengths,
-                              args.hang_up)  # fmt: skip
+                              args.hang_up, replies_flag(args.n))  # fmt: skip
     from minillm.serving.api_key import api_key_from
 
     outcomes = asyncio.run(run_jobs(args.url, jobs, args.model, args.api, args.max_concurrency, args.timeout_s,
@@ -103,7 +104,8 @@ def load_summary_text(s: dict) -> str:
     rate = "all at once" if s["rate_per_s"] is None else f"{s['rate_per_s']:g}/s (Poisson)"
     return "\n".join([
         f"{s['workload']} against {s['url']}: {s['requests']} requests, arriving {rate}",
-        f"  requests     {s['finished']} finished, {s['errors']} errors, {s['aborted']} hung up on purpose",
+        f"  requests     {s['finished']} finished, {s['errors']} errors, {s['aborted']} hung up on purpose"
+        + (f"; {s['replies']} replies (n each)" if s.get("replies", s["finished"]) != s["finished"] else ""),
         f"  throughput   {s['tokens_per_s']:.0f} output tokens/s, {s['requests_per_s']:.2f} requests/s "
         f"over {s['wall_s']:.2f} s (client's clock)",
         f"  TTFT         {trio('ttft')}",
@@ -119,6 +121,7 @@ def load_summary_text(s: dict) -> str:
 def add_commands(sub) -> None:
     from minillm.engine.scheduler import DEFAULT_TOKEN_BUDGET
     from minillm.layers.policies import POLICIES, VICTIMS
+    from minillm.layers.replies import MAX_REPLIES
     from minillm.serving.loadgen import LOAD_WORKLOADS
 
     p = sub.add_parser("serve", help="an OpenAI-compatible HTTP server over the engine (streaming)")
@@ -178,6 +181,8 @@ def add_commands(sub) -> None:
     p.add_argument("--workload", default="chat", choices=LOAD_WORKLOADS,
                    help="mixed: chat users and batch jobs, each sending its class's priority")  # fmt: skip
     p.add_argument("--requests", type=positive_int, default=200)
+    p.add_argument("--n", default=1, metavar="N", help=f"replies each request asks for (OpenAI's n, 1 to "
+                   f"{MAX_REPLIES}): every choice read and counted")  # fmt: skip
     p.add_argument("--rate-per-s", type=positive_float, default=None,
                    help="mean arrivals per second (Poisson); default: everyone at once")  # fmt: skip
     p.add_argument("--seed", type=int, default=0, help="the same seed as `run` sends the same users")

@@ -46,6 +46,7 @@ def workload_engine(
     tp: int = 1,
     victim: str | None = None,
     targets: ClassTargets | None = None,
+    n: int = 1,
 ) -> LayeredEngine:
     """The engine with the workload submitted, ready to run (run_workload runs it; the app's what-if view steps it
     itself, to stop a long simulation early).
@@ -64,6 +65,8 @@ def workload_engine(
     default the shipped draft model; "ngram": prompt lookup), see layers/speculate.py.
     tp: tensor-parallel ranks the model is split across (parallel/: worker processes; the caller closes
     engine.runner when done, as run_workload does).
+    n: replies to each request (OpenAI's n: LayeredEngine.submit_replies, the prompt's KV computed once and shared;
+    reply i of a user `r7` is `r7#i`, drawing from the user's seed + i).
     """
     if token_budget is None:
         simulated = isinstance(model, SimulatedRunner)
@@ -89,5 +92,5 @@ def workload_engine(
     engine = LayeredEngine(model, policy, cfg, meta=meta, draft=draft)
     promised = services(requests, targets) if workload == "mixed" else {}
     for request in requests:
-        engine.submit(request, service=promised.get(request.id))
+        engine.submit_replies(request, n, service=promised.get(request.id))  # (n = 1: as submit)
     return engine

@@ -12,7 +12,9 @@ and for the run: output tokens/s over the wall time, and goodput: the requests t
 and a TPOT target (what a user would call "fast enough"), per second. The names are those of
 `python -m minillm run --json` (ttft_p50_s, itl_p99_s, tokens_per_s, ...) so the two can be compared.
 The mixed crowd's users carry their class's priority (runs/classes.py: chat users before batch jobs), sent as
-vLLM's `priority` field, and the summary gives each class's TTFT (`by_class`).
+vLLM's `priority` field, and the summary gives each class's TTFT (`by_class`). A job may ask for n replies
+(OpenAI's `n`): the choices stream interleaved, each chunk naming its choice's index; all are read and counted
+(ITL: the gaps within a choice; TPOT: by a choice's tokens, on average).
 
 Output tokens are counted the same way whatever the server: the reply's text, tokenized by the served model's
 tokenizer (`tokenizer`: "minillm", the default, is minillm's byte-level one, which its export carries, so
@@ -56,6 +58,7 @@ class Job:
     hang_up_after: int | None = None  # close the connection after this many chunks with text
     priority: int | None = None  # sent as vLLM's "priority" (lower first) when set; None: not sent (the server's 0)
     cls: str | None = None  # its class (the mixed crowd's chat or batch), for the summary's per-class TTFT
+    n: int = 1  # replies to the prompt (OpenAI's n): as many choices, streamed by index
 
 
 @dataclass
@@ -63,9 +66,11 @@ class Outcome:
     job: Job
     sent_s: float = 0.0  # since the run began
     chunk_s: list[float] = field(default_factory=list)  # arrival of each chunk with text, since the run began
+    chunk_index: list[int] = field(default_factory=list)  # each chunk's choice (empty: all choice 0)
     end_s: float | None = None
-    text: str = ""
-    token_ids: list[int] = field(default_factory=list)  # when the server sends them (return_token_ids)
+    text: str = ""  # (choice 0's)
+    texts: list[str] = field(default_factory=list)  # every choice's text, by index
+    token_ids: list[int] = field(default_factory=list)  # choice 0's, when the server sends them (return_token_ids)
     output_tokens: int = 0
     finish_reason: str | None = None
     response_id: str | None = None  # the server's id for it (minillm's: "cmpl-r17" for request r17)
@@ -75,6 +80,12 @@ class Outcome:
     @property
     def ok(self) -> bool:
         return self.error is None and not self.hung_up and self.end_s is not None
+
+    def gaps(self) -> list[float]:
+        """The gaps between chunks with text of one choice (ITL), every choice's."""
+        index = self.chunk_index or [0] * len(self.chunk_s)
+        times = [[t for t, j in zip(self.chunk_s, index) if j == i] for i in sorted(set(index))]
+        return [b - a for ts in times for a, b in zip(ts, ts[1:])]
 
 
 def split_prompt(ids: list[int]) -> tuple[str | None, str]:
@@ -86,11 +97,11 @@ def split_prompt(ids: list[int]) -> tuple[str | None, str]:
 
 
 def jobs_from_workload(name: str, requests: int, rate_per_s: float | None = None, seed: int = 0,
-                       force_lengths: bool = False, hang_up: float = 0.0) -> list[Job]:  # fmt: skip
+                       force_lengths: bool = False, hang_up: float = 0.0, n: int = 1) -> list[Job]:  # fmt: skip
     """The same users `python -m minillm run --workload NAME --rate-per-s R --seed S` serves offline.
 
     rate_per_s None: everyone at once. hang_up: the share of users who close the connection after a
-    random number of chunks (0 to 8)."""
+    random number of chunks (0 to 8). n: replies each user asks for (`run --n`)."""
     if name not in LOAD_WORKLOADS:
         raise ConfigError(f"load sends the workloads {', '.join(LOAD_WORKLOADS)} (text prompts, arrivals per "
                           f"second); {name!r} is not one of them")  # fmt: skip
@@ -103,7 +114,7 @@ def jobs_from_workload(name: str, requests: int, rate_per_s: float | None = None
     for r in users:
         preamble, prompt = split_prompt(r.prompt_ids)
         hang = rng.randint(0, 8) if rng.random() < hang_up else None
-        job = Job(prompt, r.max_new_tokens, r.arrival_s if rate_per_s else 0.0, preamble, r.ignore_eos, hang)
+        job = Job(prompt, r.max_new_tokens, r.arrival_s if rate_per_s else 0.0, preamble, r.ignore_eos, hang, n=n)
         if r.id in promised:
             job.priority, job.cls = promised[r.id].priority, promised[r.id].cls
         jobs.append(job)
@@ -124,15 +135,18 @@ def request_body(job: Job, model: str, api: str) -> dict:
         body["ignore_eos"] = True
     if job.priority is not None:
         body["priority"] = job.priority
+    if job.n != 1:
+        body["n"] = job.n
     return body
 
 
-def token_counter(tokenizer: str = "minillm") -> Callable[[str, dict | None, int], int]:
-    """How replies' output tokens are counted: count(text, usage or None, chunks with text) (the module's notes)."""
+def token_counter(tokenizer: str = "minillm") -> Callable[[list[str], dict | None, int], int]:
+    """How replies' output tokens are counted: count(each choice's text, usage or None, chunks with text) (the
+    module's notes)."""
     if tokenizer == "minillm":
-        return lambda text, usage, chunks: len(text.encode("utf-8"))  # one token per byte
+        return lambda texts, usage, chunks: sum(len(text.encode("utf-8")) for text in texts)  # one token per byte
     if tokenizer == "usage":
-        return lambda text, usage, chunks: usage["completion_tokens"] if usage else chunks
+        return lambda texts, usage, chunks: usage["completion_tokens"] if usage else chunks
     path = Path(tokenizer)
     path = path / "tokenizer.json" if path.is_dir() else path
     try:
@@ -146,11 +160,11 @@ def token_counter(tokenizer: str = "minillm") -> Callable[[str, dict | None, int
     except Exception as e:  # noqa: BLE001 (the library's errors are of its own kinds)
         raise ConfigError(f"cannot read the tokenizer {path} ({e}); give a tokenizer.json, its folder, "
                           "'minillm' or 'usage'") from None  # fmt: skip
-    return lambda text, usage, chunks: len(other.encode(text, add_special_tokens=False).ids)
+    return lambda texts, usage, chunks: sum(len(other.encode(t, add_special_tokens=False).ids) for t in texts)
 
 
 async def send(client: httpx.AsyncClient, url: str, body: dict, out: Outcome, t0: float,
-               count: Callable[[str, dict | None, int], int]) -> None:  # fmt: skip
+               count: Callable[[list[str], dict | None, int], int]) -> None:  # fmt: skip
     """One streamed request; fills `out` as the chunks come; count: how its output tokens are counted."""
     endpoint = f"{url}/chat/completions" if "messages" in body else f"{url}/completions"
     out.sent_s = time.perf_counter() - t0
@@ -159,7 +173,7 @@ async def send(client: httpx.AsyncClient, url: str, body: dict, out: Outcome, t0
             await response.aread()
             out.error = f"HTTP {response.status_code}: {response.text[:300]}"
             return
-        pieces, usage = [], None
+        pieces, usage = {}, None  # choice index -> its text's pieces
         async for line in response.aiter_lines():
             if not line.startswith("data:"):
                 continue
@@ -174,17 +188,20 @@ async def send(client: httpx.AsyncClient, url: str, body: dict, out: Outcome, t0
             usage = message.get("usage") or usage
             for choice in message.get("choices") or []:
                 text = choice.get("text") if "text" in choice else (choice.get("delta") or {}).get("content")
+                index = choice.get("index", 0)
                 if text:
                     out.chunk_s.append(time.perf_counter() - t0)
-                    pieces.append(text)
-                out.token_ids += choice.get("token_ids") or []
+                    out.chunk_index.append(index)
+                pieces.setdefault(index, []).append(text or "")
+                out.token_ids += (choice.get("token_ids") or []) if index == 0 else []
                 out.finish_reason = choice.get("finish_reason") or out.finish_reason
             if out.job.hang_up_after is not None and len(out.chunk_s) >= out.job.hang_up_after:
                 out.hung_up = True  # leaving the `async with` closes the connection mid-stream
                 return
         out.end_s = time.perf_counter() - t0
-        out.text = "".join(pieces)
-        out.output_tokens = count(out.text, usage, len(out.chunk_s))
+        out.texts = ["".join(pieces[i]) for i in sorted(pieces)]
+        out.text = "".join(pieces.get(0, []))
+        out.output_tokens = count(out.texts, usage, len(out.chunk_s))
 
 
 async def run_jobs(url: str, jobs: list[Job], model: str | None = None, api: str = "chat",
@@ -238,13 +255,15 @@ def summarize_load(outcomes: list[Outcome], ttft_target_s: float = 1.0, tpot_tar
     began = min((o.sent_s for o in outcomes), default=0.0)
     wall = max((o.end_s for o in done), default=began) - began
     ttft = {id(o): o.chunk_s[0] - o.sent_s for o in done if o.chunk_s}
-    tpot = {id(o): (o.end_s - o.chunk_s[0]) / (o.output_tokens - 1) for o in done if o.chunk_s and o.output_tokens > 1}
-    itl = [b - a for o in done for a, b in zip(o.chunk_s, o.chunk_s[1:])]
+    per = lambda o: o.output_tokens / o.job.n  # (a choice's tokens, on average: the n decode side by side)
+    tpot = {id(o): (o.end_s - o.chunk_s[0]) / (per(o) - 1) for o in done if o.chunk_s and per(o) > 1}
+    itl = [gap for o in done for gap in o.gaps()]
     good = [o for o in done if id(o) in ttft and ttft[id(o)] <= ttft_target_s and tpot.get(id(o), 0) <= tpot_target_s]
     tokens = sum(o.output_tokens for o in done)
     summary = {
         "requests": len(outcomes),
         "finished": len(done),
+        "replies": sum(len(o.texts) for o in done),  # every choice of the requests finished (n each)
         "aborted": sum(o.hung_up for o in outcomes),  # hung up on purpose (--hang-up)
         "errors": sum(o.error is not None for o in outcomes),
         "output_tokens": tokens,
