@@ -9,6 +9,11 @@ dark frame and its reference count (how many tables hold it). A block nobody hol
 still keep its cached prefix, reusable by the next request whose prompt starts the same way
 until the free list hands it to someone else: it is drawn pale green, not free grey.
 
+Blocks a step moved (the trace's kv_moves) get a mark in a top corner: a black triangle up for a
+block written through to host memory, down for one loaded back from it (layers/tier.py), a white
+dog-ear for a block filled by a copy (a reply's own copy of its prompt's partly filled last block:
+layers/replies.py). Black and white, each rimmed in the other, read on every request's colour.
+
 A simulated run records no tables (its pool has thousands of blocks): `kv_memory` gives the
 step's totals for a bar instead.
 """
@@ -17,6 +22,7 @@ from __future__ import annotations
 
 import numpy as np
 from matplotlib.figure import Figure
+from matplotlib.lines import Line2D
 from matplotlib.patches import Patch
 from PIL import Image, ImageDraw
 
@@ -29,6 +35,12 @@ from viz.raster import font
 from viz.table import TraceTable, table_of
 
 WHITE = np.array([255, 255, 255], dtype=np.uint8)
+# the trace's kv_moves: name -> (the legend's words, the mark's shape in a unit box (y down), fill, rim)
+MOVE_MARKS = {
+    "to_host": ("written to host", [(0, 1), (1, 1), (0.5, 0)], "black", "white"),
+    "from_host": ("loaded from host", [(0, 0), (1, 0), (0.5, 1)], "black", "white"),
+    "copied": ("copied on write", [(0, 0), (1, 0), (0, 1)], "white", "black"),
+}
 
 
 def kv_block_owners(source: Trace | TraceTable, step: int) -> list[str | None]:
@@ -85,10 +97,11 @@ def readable_blocks_per_row(table: TraceTable) -> int:
 
 
 def kv_blocks_rgb(source: Trace | TraceTable, step: int, cell: int = 12, colors: dict[str, str] | None = None,
-                  per_row: int | None = None) -> np.ndarray:  # fmt: skip
+                  per_row: int | None = None, moves: dict[str, list[int]] | None = None) -> np.ndarray:  # fmt: skip
     """(H, W, 3) uint8 picture of the pool: a cell per block, filled from the left as far as tokens fill it;
-    shared blocks framed in black with their reference count, free blocks with a cached prefix pale green.
-    colors: request id -> colour (default the table's); per_row: blocks per row of the map (default blocks_per_row)."""
+    shared blocks framed in black with their reference count, free blocks with a cached prefix pale green, the
+    step's moved blocks marked (MOVE_MARKS). colors: request id -> colour (default the table's); per_row: blocks per
+    row of the map (default blocks_per_row); moves: the step's kv_moves (default a trace's own; a table has none)."""
     table = table_of(source)
     owners, fill = kv_block_owners(table, step), np.array(kv_block_fill(table, step))
     refs = kv_block_refs(table, step)
@@ -114,7 +127,28 @@ def kv_blocks_rgb(source: Trace | TraceTable, step: int, cell: int = 12, colors:
     image[cell - 1 :: cell, :] = WHITE
     image[:, cell - 1 :: cell] = WHITE
     shared = np.nonzero(refs > 1)[0]
-    return _mark_shared(image, shared, refs[shared], cols, cell) if len(shared) else image
+    image = _mark_shared(image, shared, refs[shared], cols, cell) if len(shared) else image
+    moves = step_moves(source, step) if moves is None else moves
+    return _mark_moves(image, moves, cols, cell) if any(moves.values()) else image
+
+
+def step_moves(source: Trace | TraceTable, step: int) -> dict[str, list[int]]:
+    """The blocks `step` copied or moved between tiers (a trace's kv_moves; a TraceTable keeps none)."""
+    return source.steps[step].kv_moves if isinstance(source, Trace) else {}
+
+
+def _mark_moves(image: np.ndarray, moves: dict[str, list[int]], cols: int, cell: int) -> np.ndarray:
+    """Each moved block's mark in a top corner (host moves right, copies left), about 3/5 of the cell wide."""
+    picture = Image.fromarray(image)
+    draw = ImageDraw.Draw(picture)
+    side = max(3, 3 * (cell - 1) // 5)
+    for name, blocks in moves.items():
+        _, shape, fill, rim = MOVE_MARKS[name]
+        for block in blocks:
+            x = (block % cols) * cell + (0 if name == "copied" else cell - 1 - side)
+            y = (block // cols) * cell
+            draw.polygon([(x + u * (side - 1), y + v * (side - 1)) for u, v in shape], fill=fill, outline=rim)
+    return np.asarray(picture).copy()
 
 
 def _mark_shared(image: np.ndarray, blocks: np.ndarray, counts: np.ndarray, cols: int, cell: int) -> np.ndarray:
@@ -138,7 +172,8 @@ def plot_kv_blocks(source: Trace | TraceTable, step: int, ax=None) -> Figure:
     table = table_of(source)
     cols = readable_blocks_per_row(table)
     cell = 24  # pixels per block in the picture: the reference counts stay legible when it is scaled down
-    image = kv_blocks_rgb(table, step, cell, per_row=cols)
+    moves = step_moves(source, step)
+    image = kv_blocks_rgb(table, step, cell, per_row=cols, moves=moves)
     rows = image.shape[0] // cell
     if ax is None:
         fig = Figure(figsize=(10, 1.2 + 10 * rows / cols), layout="constrained")
@@ -166,8 +201,19 @@ def plot_kv_blocks(source: Trace | TraceTable, step: int, ax=None) -> Figure:
         Patch(color=CACHED_FREE_BLOCK, label="free, cached prefix"),
         Patch(color=FREE_BLOCK, label="free", ec="#bbbbbb"),
     ]
+    marks = [move_handle(name, len(blocks)) for name, blocks in moves.items() if blocks]  # (the marks drawn)
+    if marks:  # a second row: the legend fills column by column, so each block kind goes with a mark (or a blank)
+        marks += [Patch(alpha=0, label=" ")] * (len(legend) - len(marks))
+        legend = [handle for pair in zip(legend, marks) for handle in pair]
     ax.legend(handles=legend, loc="upper left", bbox_to_anchor=(0.0, -0.01), ncol=5, frameon=False, fontsize=9)
     return ax.figure
+
+
+def move_handle(name: str, count: int) -> Line2D:
+    """The legend's entry for a move's mark: its shape, as drawn, and how many blocks carry it."""
+    words, shape, fill, _ = MOVE_MARKS[name]
+    outline = [(u, -v) for u, v in [*shape, shape[0]]]  # (closed; a marker's y points up)
+    return Line2D([], [], ls="", marker=outline, ms=13, mfc=fill, mec="black", label=f"{count} {words}")
 
 
 def kv_block_bytes(source: Trace | TraceTable) -> float | None:

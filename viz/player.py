@@ -16,7 +16,7 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
-from minillm.layers.trace import Trace
+from minillm.layers.trace import KV_MOVES, Trace
 from minillm.model.tokenizer import VOCAB_SIZE, decode
 from viz.budget import TokenSplit, bar_scale
 from viz.colors import STALLED
@@ -50,7 +50,7 @@ class Frame:
     occupancy_png: bytes
     kv_png: bytes | None  # the block map; None when the run recorded no block tables (a simulated card)
     kv: dict[str, int]  # kv_blocks.kv_memory: the pool in blocks (for a bar)
-    shared_blocks: int  # blocks in two or more requests' tables (prefix caching; 0 without a block map)
+    shared_blocks: int  # blocks in two or more requests' tables (prefix caching, n replies; 0 without a block map)
     tokens: TokenSplit  # this step's tokens: decode, prefill, padding
     metrics: dict  # progress.RunProgress.at(step)
     waiting: list[str]  # the head of the queue
@@ -60,6 +60,8 @@ class Frame:
     allowed: dict[str, int]  # constrained rows that picked this step: request id -> tokens their masks allowed
     marks: dict[str, str] = field(default_factory=dict)  # request id -> HTML after its queue chip (viz/targets.py)
     more_figures: list[tuple[str, str, str, str]] = field(default_factory=list)  # after the panel's figures
+    moves: dict[str, int] = field(default_factory=dict)  # the trace's kv_moves counted: blocks copied, written to
+    # host memory, loaded from it this step (marked on the block map)
 
 
 class TracePlayer:
@@ -82,6 +84,9 @@ class TracePlayer:
         self.text_px = text_px  # the chart's smallest lettering, in its pixels
         self.kv_cell = int(np.clip(width // blocks_per_row(table), 5, 16))
         self.has_block_map = table.has_block_map
+        self.moves = [step.kv_moves for step in trace.steps]  # (the table keeps none: a column of the trace's own)
+        self.move_kinds = [k for k in KV_MOVES if any(k in moves for moves in self.moves)]  # (the caption's line)
+        self.has_sharing = bool(table.config.get("prefix_caching")) or any(map(shares, table.kv_tables))
         self.has_stalled = bool((table.entries.state == STALLED).any())
         self.kv_block_bytes = kv_block_bytes(table)  # for a pool drawn as a bar: its size in GiB
         self.progress = RunProgress(table)
@@ -103,7 +108,7 @@ class TracePlayer:
         table = self.table
         kv_png, shared = None, 0
         if self.has_block_map:
-            kv_png = png_bytes(kv_blocks_rgb(table, step, self.kv_cell, self.colors))
+            kv_png = png_bytes(kv_blocks_rgb(table, step, self.kv_cell, self.colors, moves=self.moves[step]))
             shared = int((kv_block_refs(table, step) > 1).sum())
         arrived = np.flatnonzero(table.status[:, step] != NOT_ARRIVED).tolist()
         metrics = self.progress.at(step)
@@ -120,6 +125,7 @@ class TracePlayer:
             replies=[] if self.simulated else self.replies(step, arrived),
             not_arrived=len(table.requests) - len(arrived),
             allowed=dict(table.allowed[step]),
+            moves={name: len(blocks) for name, blocks in self.moves[step].items()},
         )
 
     def replies(self, step: int, arrived: list[int]) -> list[Reply]:
@@ -139,6 +145,12 @@ class TracePlayer:
                 reply.allowed = (allowed[r.id], VOCAB_SIZE)
             out.append(reply)
         return out
+
+
+def shares(tables: dict[str, list[int]]) -> bool:
+    """Whether a block sits in two tables (n replies to one prompt share theirs without prefix caching too)."""
+    held = [block for blocks in tables.values() for block in blocks]
+    return len(set(held)) < len(held)
 
 
 @dataclass(frozen=True)

@@ -15,12 +15,12 @@ sibling is seated (it finished, was preempted or aborted), the sibling computes 
 tokens. A sibling preempted later recomputes, as anyone does.
 
 Seams: after the step (the siblings go in once the first reply's prompt is done), admit with KV (SharedPrompt).
-Its state: the siblings of each first reply not yet submitted.
+Its state: the siblings of each first reply not yet submitted; the blocks copied this step (the trace reads them).
 """
 
 from __future__ import annotations
 
-from dataclasses import dataclass, replace
+from dataclasses import dataclass, field, replace
 
 from minillm.engine.engine import Engine
 from minillm.engine.paged_books import PagedKVBooks
@@ -37,6 +37,7 @@ class SharedPrompt:
 
     first: Request  # the reply whose prompt ran
     tokens: int  # how many of the prompt's tokens to share: all but the last
+    copied: list[int] = field(default_factory=list)  # blocks filled by a copy, for the trace (Replies.moves)
 
     def store(self, cache, seat: int, start: int) -> int:
         """Share the first reply's blocks into `seat` (which holds `start` tokens); returns the tokens stored (0: the
@@ -46,8 +47,10 @@ class SharedPrompt:
             return 0
         if isinstance(cache, PagedKVBooks):
             source = cache.allocator.fork(seat, first.seat, self.tokens)
-            if source is not None and hasattr(cache, "k"):  # (a simulated card keeps books, no tensors)
-                copy = cache.allocator.tables[seat][-1]
+            copy = cache.allocator.tables[seat][-1] if source is not None else None
+            if copy is not None:
+                self.copied.append(copy)  # (a simulated card's books copy it too: it is drawn the same)
+            if copy is not None and hasattr(cache, "k"):  # (a simulated card keeps books, no tensors)
                 cache.k[:, copy], cache.v[:, copy] = cache.k[:, source], cache.v[:, source]  # (L, block_size, Hkv, D)
         else:  # a contiguous cache shares nothing: the row is copied
             k, v = cache.read_tokens(first.seat, self.tokens)  # (L, n, Hkv, D) each
@@ -70,6 +73,7 @@ class Replies:
         # shares the full blocks alone (paged) and computes the rest of its prompt itself
         self.copies = getattr(engine.runner, "tp", 1) == 1
         self.waiting: dict[str, tuple[Request, list[tuple[Request, int, object]]]] = {}  # first id -> siblings
+        self.moves: dict[str, list[int]] = {"copied": []}  # blocks copied this step (the trace's Recorder clears it)
         engine.observers.append(self.after_step)
 
     def submit(self, request: Request, n: int, service=None) -> list[Request]:
@@ -104,12 +108,16 @@ class Replies:
             if not self.copies:
                 shared = shared - shared % engine.cfg.block_size if engine.cfg.kv == "paged" else 0
             shares = not first.is_finished and shared > 0
-            for reply, index, service in siblings:
+            for reply, index, service in reversed(siblings):  # (each to the queue's head: reply 1 ends up first)
                 seed = first.sampling.seed  # (the sampler may have given the first one of its own)
                 reply.sampling = replace(first.sampling, seed=None if seed is None else seed + index)
-                reply.arrival_s = first.arrival_s  # (the user asked then: TTFT counts from there)
-                kv = SharedPrompt(first, shared) if shares else None
-                engine.submit(reply, kv=kv, service=service)
+                reply.arrival_s, reply.arrival_step = first.arrival_s, first.arrival_step  # (the user asked then)
+                kv = SharedPrompt(first, shared, self.moves["copied"]) if shares else None
+                if engine.submit(reply, kv=kv, service=service) and reply in engine.pending:
+                    # it arrived with the first reply, which has a seat: to the head of the queue, as a preempted
+                    # request goes, so it is seated while the first still holds the blocks it shares
+                    engine.pending.remove(reply)
+                    engine.waiting.appendleft(reply)
 
     def holds(self, request_id: str) -> bool:  # a sibling waiting here
         return any(request_id == r.id for _, siblings in self.waiting.values() for r, *_ in siblings)

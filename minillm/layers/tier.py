@@ -17,7 +17,8 @@ host link's bandwidth (the runner's host_copy_seconds: card/host_link.py); writi
 copy engine of its own on a card), so it is not charged.
 
 Seams: after the step (write through; swap decisions), admit with KV (FromHost). Needs paged KV with prefix caching.
-Its state: the host pool (key -> slot, LRU order), how far each request's blocks are written through, its events.
+Its state: the host pool (key -> slot, LRU order), how far each request's blocks are written through, its events, the
+device blocks written and loaded this step (the trace reads them).
 """
 
 from __future__ import annotations
@@ -99,6 +100,7 @@ class FromHost:
                 break  # (it left the host pool since): the request computes from here
             alloc.append(seat, size)
             self.tier.host.load(key, cache, alloc.tables[seat][-1])
+            self.tier.moves["from_host"].append(alloc.tables[seat][-1])
             loaded += size
         self.tier.loaded(self.request, start, loaded)
         return loaded
@@ -117,7 +119,8 @@ class Tier:
         self.written: dict[str, int] = {}  # request id -> its blocks already written through
         self.judged: set[tuple[str, int]] = set()  # (id, preemptions): a preempted request's way back, chosen once
         self.events = engine.meta.setdefault("tier_events", {"written": 0, "loaded": 0, "swapped": 0, "recomputed": 0})
-        engine.observers.append(self.after_step)
+        self.moves: dict[str, list[int]] = {"to_host": [], "from_host": []}  # this step's (the Recorder clears them)
+        engine.observers.append(self.after_step)  # (before the Recorder's: a step's record holds its own writes)
 
     def source_for(self, request: Request) -> FromHost | None:
         """A FromHost if the host pool holds more of the request's prefix than the device does, else None."""
@@ -170,7 +173,9 @@ class Tier:
             keyed = alloc.hashed.get(r.seat, (0, b""))[0] if r.seat is not None else 0
             table = alloc.tables.get(r.seat, [])
             for i in range(self.written.get(r.id, 0), keyed):
-                self.events["written"] += self.host.put(alloc.key_of[table[i]], engine.cache, table[i])
+                if self.host.put(alloc.key_of[table[i]], engine.cache, table[i]):
+                    self.events["written"] += 1
+                    self.moves["to_host"].append(table[i])
             self.written[r.id] = keyed
         for r in [*step.finished, *step.plan.preempt]:  # (a preempted one's table starts over)
             self.written.pop(r.id, None)

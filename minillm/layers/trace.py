@@ -12,7 +12,8 @@ tokens may produce several tokens in a step, and the step records the guesses an
 
 Seam: after the step. Recorder is the observer that keeps a StepRecord of every step the engine
 takes (engine.Step says what it did; the other layers' additions are read from them: the tokens a
-pattern allowed, the guesses checked), before the step's finished requests free their KV.
+pattern allowed, the guesses checked, the KV blocks copied or moved between tiers), before the step's
+finished requests free their KV.
 """
 
 from __future__ import annotations
@@ -31,6 +32,9 @@ FORMAT, VERSION = "minillm-trace", 3
 # stalled: seated, but the step's token budget ran out before its turn
 SLOT_STATES = ("prefill", "decode", "held", "stalled")
 KV_FULL = "the KV cache was full: newest"  # why the core's policies preempt (layers/policies.py: other rules)
+# device blocks a step filled by a copy (a reply's copy of its prompt's partly filled last block: replies.py), wrote
+# through to host memory, or loaded from it (tier.py)
+KV_MOVES = ("copied", "to_host", "from_host")
 
 
 @dataclass
@@ -80,6 +84,7 @@ class StepRecord:
     accepted: dict[str, int] = field(default_factory=dict)  # request id -> how many of them the model kept
     allowed: dict[str, int] = field(default_factory=dict)  # constrained request id -> tokens its mask allowed
     preempted_why: dict[str, str] = field(default_factory=dict)  # preempted id -> why the policy chose it
+    kv_moves: dict[str, list[int]] = field(default_factory=dict)  # KV_MOVES name -> device blocks (if recorded)
     time_s: float = 0.0  # seconds since the run began, at the end of this step
 
     @property
@@ -182,7 +187,22 @@ class Recorder:
         if self.speculation is not None:
             record.drafts = {rid: draft for rid, (draft, _) in self.speculation.verified.items()}
             record.accepted = {rid: n for rid, (_, n) in self.speculation.verified.items()}
+        record.kv_moves = kv_moves(engine)
         self.records.append(record)
+
+
+def kv_moves(engine) -> dict[str, list[int]]:
+    """The step's block moves, which the layers that make them keep until read here (and cleared, recorded or not).
+    Fork copies and loads happen as requests are seated, in the step; the Tier writes through in its after_step,
+    which runs before this one (LayeredEngine creates the Tier before the Recorder), so a step's record holds its own
+    writes, not the step before's (tests/test_viz_moves.py checks the totals against the tier's events)."""
+    moves = {}
+    for layer in (getattr(engine, "replies", None), getattr(engine, "tier", None)):
+        for name, blocks in getattr(layer, "moves", {}).items():
+            if blocks and engine.cfg.record_blocks:  # (block ids mean something beside the block tables only)
+                moves[name] = list(blocks)
+            blocks.clear()
+    return moves
 
 
 def step_record(engine, step: Step) -> StepRecord:
@@ -213,7 +233,7 @@ def step_record(engine, step: Step) -> StepRecord:
         padding_rows=step.batch.padding_rows,
         kv_blocks_used=cache.blocks_in_use(list(live)),
         kv_blocks_total=cache.num_blocks,
-        kv_cached_blocks=sum(b in alloc.key_of for b in alloc.free_blocks) if caching else 0,
+        kv_cached_blocks=cached_free(alloc) if caching else 0,
         kv_tokens_stored=cache.stored_tokens,
         wall_s=round(now - step.begin, 9),  # nanoseconds are plenty, and keep a long trace's JSON short
         time_s=round(now, 9),
@@ -225,6 +245,13 @@ def step_record(engine, step: Step) -> StepRecord:
         # free blocks that still hold a keyed prefix, least recently freed first (the next reused)
         record.kv_cached_free = [b for b in alloc.free_blocks if b in alloc.key_of] if caching else []
     return record
+
+
+def cached_free(alloc) -> int:
+    """Free blocks still holding a keyed prefix, counted over the smaller of the two books (in C, by map: a simulated
+    card's pool has tens of thousands of blocks, and this runs every step)."""
+    keyed, free = alloc.key_of, alloc.free_blocks
+    return sum(map(free.__contains__, keyed)) if len(keyed) < len(free) else sum(map(keyed.__contains__, free))
 
 
 def block_map(cache, seats: list[int]) -> dict[int, list[int]]:

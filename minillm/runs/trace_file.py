@@ -5,7 +5,8 @@ JSON (never pickle: loading runs no code from the file), and anything malformed 
 names the first thing wrong. Older files are upgraded on the way in: version 1 (one entry per seat per
 step, no token counts) to version 2's shape, and version 2 to 3 as it is (version 3 only adds speculative
 decoding's draft tokens, which a version 2 run never had); older files' `cached_prompt_tokens` read as
-`prompt_tokens_from_cache` (see `renamed_fields`).
+`prompt_tokens_from_cache` (see `renamed_fields`). A step's `kv_moves` (blocks copied, or moved between the device
+and host memory) is optional: files from before it load with none.
 """
 
 from __future__ import annotations
@@ -15,7 +16,7 @@ from pathlib import Path
 
 from minillm.errors import InputError, MinillmError
 from minillm.layers.service import Service
-from minillm.layers.trace import FORMAT, SLOT_STATES, Trace
+from minillm.layers.trace import FORMAT, KV_MOVES, SLOT_STATES, Trace
 
 READABLE_VERSIONS = (1, 2, 3)
 
@@ -129,6 +130,9 @@ def validate(data: object) -> None:
             fail(f'step {i}: "drafts" and "accepted" must be objects keyed by the ids of requests that checked drafts')
         if any(not isinstance(n, int) or not 0 <= n <= len(drafts[rid]) for rid, n in accepted.items()):
             fail(f"step {i}: a request cannot accept more draft tokens than it checked")
+        total = s.get("kv_blocks_total", data["config"]["num_blocks"])
+        if (problem := moves_problem(s.get("kv_moves", {}), total)) is not None:
+            fail(f'step {i}: "kv_moves" must be an object of {"/".join(KV_MOVES)} -> [block ids]: {problem}')
         if data["version"] == 1:
             _validate_v1_slots(s, i, slots, ids, fail)
         else:
@@ -144,6 +148,18 @@ def service_problem(service: object) -> str | None:
     except (InputError, TypeError) as e:
         return str(e)
     return None
+
+
+def moves_problem(moves: object, total: object) -> str | None:
+    """What is wrong with a step's block moves (layers/trace.py's KV_MOVES, each a list of blocks of the pool)."""
+    if not isinstance(moves, dict):
+        return f"got {type(moves).__name__}"
+    if unknown := set(moves) - set(KV_MOVES):
+        return f"unknown {sorted(unknown)}"
+    limit = total if isinstance(total, int) else float("inf")  # (a config's pool size is not checked elsewhere)
+    in_pool = lambda b: isinstance(b, int) and not isinstance(b, bool) and 0 <= b < limit  # noqa: E731
+    bad = [name for name, blocks in moves.items() if not isinstance(blocks, list) or not all(map(in_pool, blocks))]
+    return f'"{bad[0]}" is not a list of blocks of the pool ({total} blocks)' if bad else None
 
 
 def _validate_v1_slots(s: dict, i: int, slots: int, ids: set, fail) -> None:

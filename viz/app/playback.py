@@ -234,10 +234,30 @@ def kv_html(player: TracePlayer, frame) -> str:
     if config.get("prefix_caching"):
         sharing = (f"; {frame.shared_blocks} shared by several requests, {frame.kv['cached']} free blocks "
                    "keep a cached prefix")  # fmt: skip
+    elif player.has_sharing:  # (n replies to one prompt share their prompt's blocks without prefix caching too)
+        sharing = f"; {frame.shared_blocks} shared by several requests"
     head = (f"<div data-kv><b>KV memory</b>: {frame.kv['stored'] + frame.kv['reserved']} of {frame.kv['total']} "
             f"blocks in use ({config['kv']}, {config['block_size']} tokens per block){sharing}</div>")  # fmt: skip
+    moves = moves_html(frame.moves, player.move_kinds) if player.move_kinds else ""
     picture = png_html(frame.kv_png, f"KV blocks at step {frame.step}")
-    return f"<div>{head}{picture}{kv_legend(bool(config.get('prefix_caching')))}</div>"
+    return f"<div>{head}{moves}{picture}{kv_legend(bool(config.get('prefix_caching')))}</div>"
+
+
+# The block map's marks for the trace's kv_moves (viz/kv_blocks.py's MOVE_MARKS) in words
+MOVE_WORDS = {"to_host": "▲ {}written to host memory", "from_host": "▼ {}loaded from host memory",
+              "copied": "◸ {}copied on write"}  # fmt: skip
+
+
+def moves_html(counts: dict[str, int], kinds: list[str]) -> str:
+    """The blocks this step moved, under the KV line, on every frame of a run that moves any (a line that came and
+    went would shift the map): how many of each when some moved, else what each of the run's marks means."""
+    if any(counts.values()):
+        said = [words.format(f"{counts[k]} ") for k, words in MOVE_WORDS.items() if counts.get(k)]
+        text = "Blocks moved this step: " + ", ".join(said)
+    else:
+        marks = [words.format("") for k, words in MOVE_WORDS.items() if k in kinds]
+        text = f"Blocks moved: none this step (marks: {', '.join(marks)})"
+    return f'<div data-kv-moves style="font-size:0.9em">{escape(text)}</div>'
 
 
 def play(players: list[tuple[str, TracePlayer]], transport: Transport, headline=None, legend: str | None = None
