@@ -116,7 +116,10 @@ class EngineConfig:
             if not isinstance(value, int) or isinstance(value, bool) or value < 0:
                 raise ConfigError(f"{name} must be a whole number >= 0, got {value!r}")
         if self.host_blocks and not self.prefix_caching:
-            raise ConfigError("host_blocks (a second KV tier) keeps prefix-cached blocks: turn on prefix caching too")
+            raise ConfigError(
+                "host_blocks (a second KV tier) keeps prefix-cached blocks: turn on prefix caching too "
+                "(--prefix-caching)"
+            )
         if self.drafter not in ("model", "ngram"):
             raise ConfigError(f"drafter must be 'model' (a draft model) or 'ngram' (no model), got {self.drafter!r}")
 

@@ -5,6 +5,7 @@ every token is the one-user loop's; on a simulated card the copies are charged a
 from __future__ import annotations
 
 import random
+import re
 
 import pytest
 
@@ -119,3 +120,17 @@ def test_recompute_below_a_length_copy_back_above_it(gpu):
     plan = whatif.plan(spec, card, context=2048, batch=16)
     assert plan["preempted"]["crossover_tokens"] == cross and f"below {cross:,} tokens" in whatif.summary(plan)
     assert whatif.plan(spec, get_device("apple-m2-ultra"), context=2048)["preempted"] is None  # (one memory)
+
+
+def test_run_serves_returning_users_with_a_host_tier_from_the_command_line(capsys):
+    from minillm.__main__ import main
+
+    argv = ["run", "--workload", "multi-turn", "--requests", "8", "--rate-per-s", "100", "--think-s", "0.02",
+            "--prefix-caching", "--num-blocks", "16", "--slots", "2", "--seed", "3"]  # fmt: skip
+    assert main([*argv, "--host-blocks", "256"]) == 0
+    lines = capsys.readouterr().out.splitlines()
+    tier = next(line for line in lines if line.strip().startswith("host tier"))
+    written, loaded = map(int, re.search(r"(\d+) blocks written to host memory, (\d+) loaded back", tier).groups())
+    assert written > 0 and loaded > 0, tier
+    assert main(["run", "--workload", "chat", "--host-blocks", "8"]) == 2  # (without --prefix-caching)
+    assert "--prefix-caching" in capsys.readouterr().err

@@ -40,6 +40,16 @@ def replies_flag(value) -> int:
     return n
 
 
+def conversations_of(args: argparse.Namespace):
+    """The multi-turn workload's knobs from the flags (None for any other workload)."""
+    if args.workload != "multi-turn":
+        return None
+    from minillm.runs.conversations import ConversationKnobs
+
+    return ConversationKnobs(users=args.requests, rate_per_s=args.rate_per_s or 2.0, think_s=args.think_s,
+                             seed=args.seed)  # fmt: skip
+
+
 def cmd_run(args: argparse.Namespace) -> None:
     import json
 
@@ -74,6 +84,7 @@ def cmd_run(args: argparse.Namespace) -> None:
         sampling=Sampling(args.temperature, args.top_p, args.top_k) if args.temperature > 0 else None,
         speculate=args.speculate, drafter=args.drafter, tp=args.tp, victim=args.victim,
         targets=ClassTargets(args.chat_ttft_s, args.chat_tpot_s, args.batch_deadline_s), n=args.n,
+        host_blocks=args.host_blocks, swap_above=args.swap_above, conversations=conversations_of(args),
     )  # fmt: skip
     if args.trace:
         trace.save(args.trace)
@@ -83,6 +94,8 @@ def cmd_run(args: argparse.Namespace) -> None:
     if args.json:
         print(json.dumps(summary))
         return
+    from minillm.cli.run_summary import run_summary_text
+
     print(run_summary_text(args, trace.config, summary))
 
 
@@ -92,49 +105,6 @@ def simulated_runner(args: argparse.Namespace):
     from minillm.card.simulate import SimulatedRunner
 
     return SimulatedRunner(load_spec(args.simulate), get_device(args.gpu), args.dtype, args.kv_dtype)
-
-
-def policy_words(name: str) -> str:
-    return f"{name} batching" if name in ("static", "continuous") else f"continuous batching, {name} first"
-
-
-def run_summary_text(args: argparse.Namespace, cfg: dict, summary: dict) -> str:
-    where = f"{cfg['model']} on a simulated {cfg['gpu']}" if args.simulate else "the tiny model"
-    where += f" split across {cfg['tp']} processes: tensor parallel" if cfg.get("tp", 1) > 1 else ""
-    budget = cfg["token_budget"] or "no"
-    ms = lambda key: "–" if summary[key] is None else f"{1000 * summary[key]:.0f} ms"
-    lines = [
-        f"{args.workload}: {policy_words(args.scheduler)}, {args.kv} KV, {cfg['slots']} seats, {cfg['num_blocks']} "
-        f"blocks, {budget} token budget, prefix caching {'on' if cfg['prefix_caching'] else 'off'} ({where})",
-        f"  requests     {summary['finished']} finished, {summary['rejected']} rejected of {summary['requests']}",
-        f"  steps        {summary['steps']}  ({summary['output_tokens']} tokens, "
-        f"{summary['tokens_per_step']:.2f}/step)",
-        f"  throughput   {summary['tokens_per_s']:.0f} tokens/s over "
-        + (f"{summary['simulated_s']:.2f} simulated s" if args.simulate else f"{summary['wall_s']:.2f} s of steps"),
-        f"  utilization  {summary['slot_utilization']:.1%} of seat-steps did useful work",
-        f"  TTFT         p50 {ms('ttft_p50_s')}, p99 {ms('ttft_p99_s')}   ({summary['ttft_p50_steps']} steps at p50)",
-        f"  TPOT         p50 {ms('tpot_p50_s')}, p99 {ms('tpot_p99_s')}",
-        f"  prefill      {summary['prefill_tokens']} tokens computed; {summary['prompt_tokens_from_cache']} of "
-        f"{summary['prompt_tokens']} prompt tokens from the prefix cache (hit rate {summary['prefix_hit_rate']:.0%})",
-        f"  KV waste     {summary['kv_waste']:.1%}   preemptions {summary['preemptions']}",
-    ]
-    if summary.get("n", 1) > 1:  # (n replies to each prompt: its KV computed once, shared)
-        lines.insert(2, f"  replies      {summary['n']} to each of {summary['requests'] // summary['n']} prompts: "
-                     f"{summary['finished']} made; {summary['prefill_tokens']} prompt tokens computed for the "
-                     f"{summary['prompt_tokens']} in their prompts")  # fmt: skip
-    classes = sorted(key.removesuffix("_requests_judged") for key in summary if key.endswith("_requests_judged"))
-    if classes != ["default"] and classes:  # (targets given: who got the service they were promised)
-        each = ", ".join(f"{c} {summary[f'{c}_targets_met']}/{summary[f'{c}_requests_judged']}" for c in classes)
-        lines.append(f"  goodput      {summary['goodput_per_s']:.2f} requests/s met all their targets ({each}); "
-                     f"longest wait {summary['longest_wait_s']:.2f} s")  # fmt: skip
-    if cfg.get("speculate"):
-        kept = f"{summary['draft_acceptance']:.0%} of {summary['drafts_verified']} checked were kept"
-        lines.append(f"  speculation  {cfg['speculate']} draft tokens a step ({cfg['drafter']}): {kept}")
-    if args.simulate:
-        lines.append(f"  simulated in {summary['run_wall_s']:.1f} s of this machine's time")
-    if args.trace:
-        lines.append(f"  trace        {args.trace}")
-    return "\n".join(lines)
 
 
 def cmd_bench(args: argparse.Namespace) -> None:
@@ -210,6 +180,12 @@ def add_commands(sub) -> None:
         "card vLLM's server default: 8192 with 70 GiB or more, else 2048); 0: no budget, whole prompts at once",
     )
     p.add_argument("--prefix-caching", action="store_true", help="share the KV blocks of prompts that start alike")
+    p.add_argument("--host-blocks", type=non_negative_int, default=0, help="a second KV tier: blocks kept in host "
+                   "memory under the prefix cache (needs --prefix-caching; default 0: none)")  # fmt: skip
+    p.add_argument("--swap-above", type=non_negative_int, default=0, metavar="TOKENS", help="with --host-blocks: a "
+                   "preempted user with this many tokens comes back by copy, a shorter one recomputes")  # fmt: skip
+    p.add_argument("--think-s", type=positive_float, default=5.0, help="multi-turn: mean seconds a user thinks "
+                   "between a reply and their next turn (an assumption: runs/conversations.py)")  # fmt: skip
     p.add_argument("--speculate", type=non_negative_int, default=0, metavar="K",
                    help="speculative decoding: each decoding user guesses K tokens a step for the model to check "
                    "(greedy replies stay exact; default 0: off)")  # fmt: skip

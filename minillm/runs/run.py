@@ -12,7 +12,8 @@ from minillm.layers.policies import make_policy
 from minillm.layers.trace import Trace
 from minillm.model.transformer import Transformer
 from minillm.runs.classes import ClassTargets, services
-from minillm.runs.workload import SEED_STORY_SLOTS, ChatKnobs, make_workload
+from minillm.runs.conversations import ConversationKnobs, conversation_engine
+from minillm.runs.workload import MULTI_TURN, SEED_STORY_SLOTS, ChatKnobs, make_workload
 
 
 def run_workload(model: Transformer | SimulatedRunner, workload: str = "seed-story", *args, progress: bool = False,
@@ -47,6 +48,9 @@ def workload_engine(
     victim: str | None = None,
     targets: ClassTargets | None = None,
     n: int = 1,
+    host_blocks: int = 0,
+    swap_above: int = 0,
+    conversations: ConversationKnobs | None = None,
 ) -> LayeredEngine:
     """The engine with the workload submitted, ready to run (run_workload runs it; the app's what-if view steps it
     itself, to stop a long simulation early).
@@ -67,7 +71,18 @@ def workload_engine(
     engine.runner when done, as run_workload does).
     n: replies to each request (OpenAI's n: LayeredEngine.submit_replies, the prompt's KV computed once and shared;
     reply i of a user `r7` is `r7#i`, drawing from the user's seed + i).
+    host_blocks, swap_above: a second KV tier in host memory under the prefix cache (layers/tier.py).
+    The multi-turn workload (runs/conversations.py: `conversations`, default: knobs' users and rate) makes each
+    user's next turn as their last reply ends; sampling, tp and n are not for it.
     """
+    config = {"kv": kv, "block_size": block_size, "prefix_caching": prefix_caching, "speculate": speculate,
+              "drafter": drafter, "host_blocks": host_blocks, "swap_above": swap_above}  # fmt: skip
+    if workload == MULTI_TURN:
+        users = {"users": knobs.requests, "rate_per_s": knobs.rate_per_s or 2.0} if knobs else {}
+        turns = conversations or ConversationKnobs(**users, seed=seed)
+        sized = {"slots": slots} if slots else {}
+        sized |= {"num_blocks": num_blocks} if num_blocks else {}
+        return conversation_engine(model, turns, scheduler, token_budget, **config, **sized)[0]
     if token_budget is None:
         simulated = isinstance(model, SimulatedRunner)
         token_budget = default_token_budget(model) if simulated else DEFAULT_TOKEN_BUDGET
@@ -83,8 +98,7 @@ def workload_engine(
         extra = {"max_len": model.max_len, "record_blocks": False}
         meta |= {"model": model.spec.name, "gpu": model.card.name, "dtype": model.dtype, "kv_dtype": model.kv_dtype}
     slots = slots or (SEED_STORY_SLOTS if workload == "seed-story" else 8)
-    cfg = EngineConfig(slots=slots, kv=kv, block_size=block_size, num_blocks=num_blocks,
-                       prefix_caching=prefix_caching, speculate=speculate, drafter=drafter, **extra)  # fmt: skip
+    cfg = EngineConfig(slots=slots, num_blocks=num_blocks, **config, **extra)
     if tp > 1:
         from minillm.parallel.runner import ShardedRunner
 

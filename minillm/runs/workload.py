@@ -8,6 +8,7 @@
   mixed          chat users with a TTFT target and batch jobs with a deadline (runs/classes.py: who goes first)
   azure-conv     prompt and reply lengths of Azure's 2023 LLM inference trace, conversation service
   azure-code     the same trace's coding service (long prompts, very short replies)
+  multi-turn     users who come back with their whole conversation after a think (runs/conversations.py)
 
 The azure workloads are lengths only (their token ids are placeholders): they are meant for a
 simulated card (`run --simulate`), since their prompts are longer than the tiny model's context.
@@ -72,7 +73,8 @@ AZURE = {
 
 WORKLOADS = ("seed-story", "chat", "bursty", "system-prompt", "long-prompts", "mixed")  # for the tiny model
 SIMULATED_WORKLOADS = tuple(AZURE)  # lengths only: for a simulated card
-ALL_WORKLOADS = WORKLOADS + SIMULATED_WORKLOADS
+MULTI_TURN = "multi-turn"  # a closed loop (each turn made as the last reply ends): run.py builds it
+ALL_WORKLOADS = WORKLOADS + SIMULATED_WORKLOADS + (MULTI_TURN,)
 
 
 def seed_story() -> list[Request]:
@@ -291,4 +293,6 @@ def make_workload(name: str, knobs: ChatKnobs | None = None, seed: int = 0) -> l
         return builders[name](knobs, seed)
     if name in AZURE:
         return azure(name, knobs, seed)
+    if name == MULTI_TURN:
+        raise ConfigError("multi-turn makes each turn as the last reply ends: build it with run.workload_engine")
     raise ConfigError(f"unknown workload {name!r}; choose one of {', '.join(ALL_WORKLOADS)}")
