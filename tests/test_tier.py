@@ -134,3 +134,28 @@ def test_run_serves_returning_users_with_a_host_tier_from_the_command_line(capsy
     assert written > 0 and loaded > 0, tier
     assert main(["run", "--workload", "chat", "--host-blocks", "8"]) == 2  # (without --prefix-caching)
     assert "--prefix-caching" in capsys.readouterr().err
+
+
+def test_the_tier_bench_entry_runs_small_and_reports(shipped_model, monkeypatch):
+    from types import SimpleNamespace
+
+    from minillm.bench import tier
+    from minillm.bench.report import markdown
+    from minillm.bench.suite import BENCHES
+
+    assert BENCHES["tier"] is tier.bench_tier
+    monkeypatch.setattr(tier, "TINY_CROWDS", ((4, 12),))  # (the entry at a small size: a few seconds)
+    monkeypatch.setattr(tier, "CARD_POOLS", (256,))
+    monkeypatch.setattr(tier, "THINK_S", 0.02)
+    monkeypatch.setattr(tier, "SWAP_USERS", 24)  # (12 users on 8 seats and 40 blocks: still preempting)
+    r = tier.bench_tier(shipped_model, SimpleNamespace(quick=True))
+    alone, tiered = r["cards"][0]["rows"]
+    assert tiered["hit_rate"] > alone["hit_rate"] and tiered["prefill_tokens"] < alone["prefill_tokens"]
+    copy, again = r["swap"]
+    assert copy["tier"]["swapped"] == copy["preemptions"] > 0 and again["tier"]["recomputed"] == again["preemptions"]
+    assert copy["recomputed_tokens"] < again["recomputed_tokens"]
+    assert [x["crossover_tokens"] for x in r["priced"]] == sorted(
+        (x["crossover_tokens"] for x in r["priced"]), reverse=True
+    )  # (busier steps, slower cards: sooner)
+    text = markdown({"machine": "m", "device": "cpu", "date": "d", "tier": r}, "python -m minillm bench", "plots")
+    assert "## 22. A second KV tier" in text and "recompute below" in text

@@ -230,4 +230,8 @@ def markdown(results: dict, command: str, plot_dir: str | None = None) -> str:
         from minillm.bench.replies import markdown as replies_markdown
 
         lines += replies_markdown(results["replies"], img)
+    if "tier" in results:
+        from minillm.bench.tier import markdown as tier_markdown
+
+        lines += tier_markdown(results["tier"], img)
     return "\n".join(lines)

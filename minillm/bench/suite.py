@@ -21,6 +21,7 @@ from minillm.bench.server import bench_server, bench_transformers_server
 from minillm.bench.speculation import bench_speculation
 from minillm.bench.structured import bench_structured
 from minillm.bench.tensor_parallel import bench_tensor_parallel
+from minillm.bench.tier import bench_tier
 from minillm.bench.versus import bench_vs_transformers
 from minillm.bench.who_goes_first import bench_who_goes_first
 from minillm.model.transformer import Transformer
@@ -48,6 +49,7 @@ BENCHES = (
         "peer": bench_peer,
         "who_goes_first": bench_who_goes_first,
         "replies": bench_replies,
+        "tier": bench_tier,
     }
 )
 
