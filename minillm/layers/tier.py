@@ -50,6 +50,12 @@ class HostPool:
     def __contains__(self, key: bytes) -> bool:
         return key in self.slot_of
 
+    def check(self) -> None:
+        """Every slot either holds one key or is free, never both (the engine's debug mode: layers/books.py)."""
+        held = list(self.slot_of.values())
+        assert len(held) + len(self.free) == self.num_blocks, "a host slot was lost or counted twice"
+        assert not set(held) & set(self.free) and len(set(held)) == len(held), "a host slot is held and free"
+
     def put(self, key: bytes, cache, block: int) -> bool:
         """Copy device block `block` in under `key` (True), or just mark it used if it is here already (False)."""
         if key in self.slot_of:
@@ -119,6 +125,7 @@ class Tier:
         self.written: dict[str, int] = {}  # request id -> its blocks already written through
         self.judged: set[tuple[str, int]] = set()  # (id, preemptions): a preempted request's way back, chosen once
         self.events = engine.meta.setdefault("tier_events", {"written": 0, "loaded": 0, "swapped": 0, "recomputed": 0})
+        engine.meta |= {"host_blocks": host_blocks, "swap_above": swap_above}  # (the trace keeps the rule it chose by)
         self.moves: dict[str, list[int]] = {"to_host": [], "from_host": []}  # this step's (the Recorder clears them)
         engine.observers.append(self.after_step)  # (before the Recorder's: a step's record holds its own writes)
 
