@@ -38,9 +38,9 @@ class Counted:
         self.submitted, self.submit_to = 0, loop.submit
         loop.submit = self.submit
 
-    def submit(self, request, stream, service=None) -> None:
+    def submit(self, request, stream, service=None, follows=None) -> None:  # (LoopHandle.submit's arguments)
         self.submitted += 1
-        self.submit_to(request, stream, service)
+        self.submit_to(request, stream, service, follows)
 
 
 @pytest.fixture(scope="module")
