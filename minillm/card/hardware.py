@@ -105,11 +105,11 @@ LINKS: dict[str, Link] = {
 
 
 # Each card's link to its neighbours in a usual server, from the same datasheets as the card: NVLink for the SXM
-# modules (H100 and H200 SXM: 4th generation; A100 SXM: 3rd), PCIe 4.0 x16 for the others (the L4 datasheet's "PCIe
-# Gen4 x16"; GeForce Ada has no NVLink, and a 3090's NVLink bridge is an option, not the default). The M2 Ultra is
-# one chip with no link to another: tensor parallelism there needs --link.
-CARD_LINKS = {"h100-sxm": "nvlink-4", "h200": "nvlink-4", "a100-80gb-sxm": "nvlink-3", "rtx-3090": "pcie-4",
-              "rtx-4090": "pcie-4", "l4": "pcie-4"}  # fmt: skip
+# modules (H100 and H200 SXM: 4th generation; A100 SXM, 40 and 80 GB: 3rd), PCIe 4.0 x16 for the others (the L4
+# datasheet's "PCIe Gen4 x16"; GeForce Ada has no NVLink, and a 3090's NVLink bridge is an option, not the default).
+# The M2 Ultra is one chip with no link to another: tensor parallelism there needs --link.
+CARD_LINKS = {"h100-sxm": "nvlink-4", "h200": "nvlink-4", "a100-80gb-sxm": "nvlink-3", "a100-40gb-sxm": "nvlink-3",
+              "rtx-3090": "pcie-4", "rtx-4090": "pcie-4", "l4": "pcie-4"}  # fmt: skip
 
 
 def get_link(name: str) -> Link:
@@ -136,6 +136,10 @@ DEVICES: dict[str, Device] = {
         # NVIDIA A100 Tensor Core GPU datasheet, 80GB SXM column: 2,039 GB/s HBM2e; BF16/FP16 tensor
         # 312 TFLOPS (624 with sparsity); FP32 19.5 TFLOPS. No fp8 on Ampere.
         _card("a100-80gb-sxm", "NVIDIA A100 80GB SXM (Ampere, HBM2e)", 80, 2039, fp32=19.5, bf16=312.0),
+        # The same datasheet (nvidia-a100-datasheet-us-nvidia-1758950-r4-web.pdf), 40GB SXM column: 40GB HBM2,
+        # 1,555GB/s; the same 312 dense BF16/FP16 TFLOPS and 19.5 FP32 (its 40GB PCIe column prints the same three).
+        # The card of the Anyscale continuous-batching post (minillm/papers/anyscale.py).
+        _card("a100-40gb-sxm", "NVIDIA A100 40GB SXM (Ampere, HBM2)", 40, 1555, fp32=19.5, bf16=312.0),
         # NVIDIA H100 Tensor Core GPU datasheet, SXM column: 80 GB HBM3, 3.35 TB/s; BF16/FP16 tensor
         # 1,979 TFLOPS and FP8 3,958 TFLOPS "with sparsity" (dense: 989.4 and 1,978.9); FP32 67 TFLOPS.
         _card("h100-sxm", "NVIDIA H100 SXM (Hopper, 80 GB HBM3)", 80, 3350, fp32=67.0, bf16=989.4, fp8=1978.9),

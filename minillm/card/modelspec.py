@@ -22,6 +22,10 @@ The models people run now change three of those lines (families.py reads each fr
                 (kv_lora_rank + rope), then kv_lora_rank x heads x (nope + v)); o: heads x v x hidden
     windows     some layers see only the last sliding_window tokens: the same weights, less KV (kv_layout.py)
 
+OPT (Zhang et al., 2022; model_type "opt") is the older decoder the 2023 serving papers measured: a plain MLP of two
+matrices (fc1, ReLU, fc2: 2 x hidden x ffn_dim, not SwiGLU's 3), biases on every linear, LayerNorms (a weight and a
+bias), a learned position table, lm_head tied to the embedding. Its config names the MLP width ffn_dim.
+
 `load_spec("llama-3.1-8b")` reads a shipped file from minillm/card/models/; any other config.json
 works by path. Fields follow the config: head_dim, when missing, is hidden_size / heads.
 """
@@ -58,6 +62,9 @@ class ModelSpec:
     sliding_window: int | None = None  # tokens a local layer sees (Mistral-7B-v0.1: 4096, priced as full: families.py)
     window_layers: int = 0  # layers that keep only the last sliding_window tokens (Gemma-3-27B: 52 of 62)
     norms_per_layer: int = 2  # RMSNorm weights of hidden per layer (Gemma: 4)
+    gated_mlp: bool = True  # SwiGLU: gate, up and down; False: a plain MLP of two matrices, up and down (OPT)
+    norm_bias: bool = False  # LayerNorm: a bias beside every norm weight (OPT)
+    position_embeddings: int = 0  # rows of a learned position table (OPT: max_position_embeddings + 2)
     attention_sinks: bool = False  # gpt-oss: one learned logit per head and layer
     # mixture of experts (experts = 0: every layer's MLP is dense, of `intermediate`)
     experts: int = 0  # E routed experts per MoE layer
@@ -74,6 +81,11 @@ class ModelSpec:
     v_head_dim: int = 0
 
     # --- parameters, by where they sit ---------------------------------------------------------------
+    @property
+    def mlp_matrices(self) -> int:
+        """Matrices of hidden x intermediate in a dense MLP: 3 for SwiGLU, 2 for a plain one."""
+        return 3 if self.gated_mlp else 2
+
     @property
     def q_dim(self) -> int:
         return self.heads * self.head_dim
@@ -112,8 +124,8 @@ class ModelSpec:
 
     @property
     def layer_matmul_params(self) -> int:
-        """Weights one token multiplies through in one dense layer: the four attention and three MLP matrices."""
-        return self.attention_params + 3 * self.hidden * self.intermediate
+        """Weights one token multiplies through in one dense layer: the four attention and the MLP's matrices."""
+        return self.attention_params + self.mlp_matrices * self.hidden * self.intermediate
 
     @property
     def moe_layer_matmul_params(self) -> int:
@@ -138,9 +150,9 @@ class ModelSpec:
     @property
     def layer_small_params(self) -> int:
         """Biases and norm weights of one dense layer: read, never multiplied through."""
-        n = 2 * self.hidden  # input and post-attention RMSNorm
+        n = 2 * self.hidden * (1 + self.norm_bias)  # input and post-attention norm
         n += (self.q_dim + 2 * self.kv_dim) * self.qkv_bias + self.hidden * self.o_bias
-        n += (2 * self.intermediate + self.hidden) * self.mlp_bias
+        n += ((self.mlp_matrices - 1) * self.intermediate + self.hidden) * self.mlp_bias
         return n + 2 * self.head_dim * self.qk_norm
 
     @property
@@ -164,7 +176,9 @@ class ModelSpec:
     @property
     def num_parameters(self) -> int:
         """Exact parameter count, as the checkpoint stores them."""
-        return self.matmul_params + self.small_params + self.embedding_params + self.lm_head_params + self.hidden
+        final_norm = self.hidden * (1 + self.norm_bias)
+        tables = self.embedding_params + self.position_embeddings * self.hidden
+        return self.matmul_params + self.small_params + tables + self.lm_head_params + final_norm
 
     @property
     def active_parameters(self) -> int:
@@ -178,6 +192,11 @@ def spec_from_config(config: dict, name: str) -> ModelSpec:
     """A ModelSpec from a Hugging Face config.json's fields (Llama, Mistral, Qwen2, Qwen3; and the families.py reads:
     Mixtral, Qwen3-MoE, DeepSeek-V2/V3, gpt-oss, Gemma 3)."""
     config = flatten(config)
+    opt = config.get("model_type") == "opt"
+    if opt:  # transformers' OPTConfig: ffn_dim is the MLP width; lm_head is tied (PretrainedConfig's default)
+        config = {"intermediate_size": config.get("ffn_dim"), "tie_word_embeddings": True, **config}
+        if config.get("word_embed_proj_dim", config.get("hidden_size")) != config.get("hidden_size"):
+            raise ConfigError(f"{name}: OPT's project_in/project_out (word_embed_proj_dim) are not priced")
     missing = [k for k in REQUIRED if k not in config]
     if missing:
         raise ConfigError(f"config for {name!r} lacks {missing}; a Llama-style config.json has {list(REQUIRED)}")
@@ -201,7 +220,7 @@ def spec_from_config(config: dict, name: str) -> ModelSpec:
     max_context = whole_number(config, "max_position_embeddings", name)
     window = whole_number(config, "sliding_window", name) if config.get("use_sliding_window", True) else None
     kind = config.get("model_type", "llama")
-    attention_bias = bool(config.get("attention_bias", False))
+    attention_bias = bool(config.get("attention_bias", config.get("enable_bias", opt)))  # OPTConfig.enable_bias: True
     extra = family_fields(config, name, sizes["num_hidden_layers"], sizes["intermediate_size"],
                           window if window and window > 0 else None)  # fmt: skip
     head_dim = extra.pop("head_dim", head_dim)  # latent attention: a query/key head is nope + rope wide
@@ -217,10 +236,15 @@ def spec_from_config(config: dict, name: str) -> ModelSpec:
         tied_embeddings=bool(config.get("tie_word_embeddings", False)),
         qkv_bias=kind == "qwen2" or attention_bias,  # Qwen2 always has q/k/v biases (no config field)
         o_bias=attention_bias and kind != "qwen2",
-        mlp_bias=bool(config.get("mlp_bias", kind == "gpt_oss")),  # gpt-oss' experts carry biases (no field says so)
+        # gpt-oss' experts carry biases (no field says so); OPT's fc1 and fc2 do (enable_bias)
+        mlp_bias=bool(config.get("mlp_bias", kind == "gpt_oss" or (opt and attention_bias))),
         qk_norm=kind in QK_NORM,
         max_context=max_context if max_context and max_context > 0 else None,
         sliding_window=window if window and window > 0 else None,
+        gated_mlp=not opt,
+        norm_bias=opt,
+        # transformers' OPTLearnedPositionalEmbedding: "offset the embedding ids by 2", the table 2 rows longer
+        position_embeddings=max_context + 2 if opt and max_context else 0,
         **extra,
     )
 
