@@ -115,3 +115,18 @@ def test_bad_options_say_what_fits(capsys):
     assert "1 to 1536 tokens" in capsys.readouterr().err
     assert main(["papers", "anyscale", "--static-batch", "64", "--max-tokens", "1536", "--requests", "4"]) == 2
     assert "at most 7" in capsys.readouterr().err
+
+
+def test_the_papers_bench_entry_reports_each_figure(monkeypatch):
+    from types import SimpleNamespace
+
+    from minillm.bench import papers
+    from minillm.bench.report import markdown
+    from minillm.bench.suite import BENCHES
+
+    assert BENCHES["papers"] is papers.bench_papers
+    monkeypatch.setattr(papers, "QUICK_REQUESTS", 40)  # (a small sample: seconds)
+    r = papers.bench_papers(None, SimpleNamespace(quick=True))
+    assert r["headlines"] == len(r["anyscale"]["headlines"]) and 0 <= r["reproduced"] <= r["headlines"]
+    text = markdown({"machine": "m", "device": "cpu", "date": "d", "papers": r}, "python -m minillm bench", "plots")
+    assert "## 23. The papers, reproduced" in text and "40 requests of 512 prompt tokens" in text

@@ -234,4 +234,8 @@ def markdown(results: dict, command: str, plot_dir: str | None = None) -> str:
         from minillm.bench.tier import markdown as tier_markdown
 
         lines += tier_markdown(results["tier"], img)
+    if "papers" in results:
+        from minillm.bench.papers import markdown as papers_markdown
+
+        lines += papers_markdown(results["papers"], img)
     return "\n".join(lines)

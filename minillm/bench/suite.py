@@ -13,6 +13,7 @@ from minillm.bench import claims
 from minillm.bench.calls import bench_calls
 from minillm.bench.common import BenchSettings, machine_description
 from minillm.bench.fleet import bench_fleet
+from minillm.bench.papers import bench_papers
 from minillm.bench.peer import bench_peer
 from minillm.bench.replies import bench_replies
 from minillm.bench.roofline import bench_roofline
@@ -50,6 +51,7 @@ BENCHES = (
         "who_goes_first": bench_who_goes_first,
         "replies": bench_replies,
         "tier": bench_tier,
+        "papers": bench_papers,
     }
 )
 
