@@ -62,8 +62,6 @@ class LayeredEngine(Engine):
             return self.replies.follow(self.live[follows[0]], request, follows[1], service)
         if self.replies.holds(request.id):  # (the core knows only the ids it has queued)
             raise InputError(f"request id {request.id!r} is already queued: give each request its own id")
-        if kv is None and self.tier is not None:  # (its prefix in host memory: loaded when it is seated)
-            kv = self.tier.source_for(request)
         queued = super().submit(request, kv)
         if service is not None:
             self.services[request.id] = service

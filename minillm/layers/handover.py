@@ -71,11 +71,16 @@ def export(engine: Engine, request: Request) -> tuple[torch.Tensor, torch.Tensor
 def handed_copy(request: Request) -> Request:
     """What the decode engine is given: a new request with the same inputs and the reply so far (its first token);
     its life (seat, steps, counts) starts over there, as any newcomer's does."""
-    inputs = {name: getattr(request, name) for name in INPUTS}
+    inputs = inputs_of(request)
     return Request(**inputs, output_ids=list(request.output_ids))
 
 
 INPUTS = [f.name for f in itertools.takewhile(lambda f: f.name != "state", fields(Request))]  # (what a client sets)
+
+
+def inputs_of(request: Request) -> dict:
+    """What its client set (INPUTS), by name: a new request's arguments (its life starts over)."""
+    return {name: getattr(request, name) for name in INPUTS}
 
 
 def hand_over(prefill, decode) -> list[Request]:

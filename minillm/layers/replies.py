@@ -26,7 +26,7 @@ from minillm.engine.engine import Engine
 from minillm.engine.paged_books import PagedKVBooks
 from minillm.engine.request import Request, State
 from minillm.errors import InputError
-from minillm.layers.handover import INPUTS
+from minillm.layers.handover import inputs_of
 
 MAX_REPLIES = 16  # more choices than a person reads; a crowd of n = 128 would take every seat (OpenAI caps n at 128)
 
@@ -47,11 +47,11 @@ class SharedPrompt:
             return 0
         if isinstance(cache, PagedKVBooks):
             source = cache.allocator.fork(seat, first.seat, self.tokens)
-            copy = cache.allocator.tables[seat][-1] if source is not None else None
-            if copy is not None:
+            if source is not None:  # (the partly filled last block, copied into the sibling's fresh one)
+                copy = cache.allocator.tables[seat][-1]
                 self.copied.append(copy)  # (a simulated card's books copy it too: it is drawn the same)
-            if copy is not None and hasattr(cache, "k"):  # (a simulated card keeps books, no tensors)
-                cache.k[:, copy], cache.v[:, copy] = cache.k[:, source], cache.v[:, source]  # (L, block_size, Hkv, D)
+                if hasattr(cache, "k"):  # (a simulated card keeps books, no tensors)
+                    cache.k[:, copy], cache.v[:, copy] = cache.k[:, source], cache.v[:, source]  # (L, size, Hkv, D)
         else:  # a contiguous cache shares nothing: the row is copied
             k, v = cache.read_tokens(first.seat, self.tokens)  # (L, n, Hkv, D) each
             cache.write_tokens(seat, k[:, start:], v[:, start:])
@@ -60,8 +60,7 @@ class SharedPrompt:
 
 def sibling(request: Request, i: int) -> Request:
     """Reply i (1..n-1) of `request`: the same inputs under its own id (its seed is set when it goes in)."""
-    inputs = {name: getattr(request, name) for name in INPUTS}
-    return Request(**(inputs | {"id": f"{request.id}#{i}"}))
+    return Request(**(inputs_of(request) | {"id": f"{request.id}#{i}"}))
 
 
 class Replies:
@@ -113,7 +112,7 @@ class Replies:
                 reply.sampling = replace(first.sampling, seed=None if seed is None else seed + index)
                 reply.arrival_s, reply.arrival_step = first.arrival_s, first.arrival_step  # (the user asked then)
                 kv = SharedPrompt(first, shared, self.moves["copied"]) if shares else None
-                if engine.submit(reply, kv=kv, service=service) and reply in engine.pending:
+                if engine.submit(reply, kv=kv, service=service):  # (queued: it waits in pending)
                     # it arrived with the first reply, which has a seat: to the head of the queue, as a preempted
                     # request goes, so it is seated while the first still holds the blocks it shares
                     engine.pending.remove(reply)

@@ -96,7 +96,10 @@ class FromHost:
     tier: Tier
     request: Request
     keys: list[bytes]  # its prefix keys, one per full block, as far as the device or the host held them
-    tokens: int  # len(keys) * block_size
+
+    @property
+    def tokens(self) -> int:  # (what the admit-with-KV seam counts as computed)
+        return len(self.keys) * self.tier.host.block_size
 
     def store(self, cache, seat: int, start: int) -> int:
         """After the device's own cached blocks (`start` tokens): copy the host's, in order, until one is missing."""
@@ -124,6 +127,7 @@ class Tier:
         self.host = HostPool(engine.cache, host_blocks)
         self.written: dict[str, int] = {}  # request id -> its blocks already written through
         self.judged: set[tuple[str, int]] = set()  # (id, preemptions): a preempted request's way back, chosen once
+        self.keys: dict[str, tuple[int, list[bytes]]] = {}  # id -> (its tokens then, its prefix keys): hashed once
         self.events = engine.meta.setdefault("tier_events", {"written": 0, "loaded": 0, "swapped": 0, "recomputed": 0})
         engine.meta |= {"host_blocks": host_blocks, "swap_above": swap_above}  # (the trace keeps the rule it chose by)
         self.moves: dict[str, list[int]] = {"to_host": [], "from_host": []}  # this step's (the Recorder clears them)
@@ -131,14 +135,13 @@ class Tier:
 
     def source_for(self, request: Request) -> FromHost | None:
         """A FromHost if the host pool holds more of the request's prefix than the device does, else None."""
-        alloc, size = self.engine.cache.allocator, self.engine.cfg.block_size
-        keys = prefix_keys(request.tokens, size)
-        reach = 0
-        while reach < len(keys) and (keys[reach] in alloc.block_of or keys[reach] in self.host):
-            reach += 1
-        if reach <= len(alloc.cached_prefix(request.tokens)):
-            return None
-        return FromHost(self, request, keys[:reach], reach * size)
+        known = self.keys.get(request.id)
+        if known is None or known[0] != request.num_tokens:  # (a waiting request is asked every step: hash it once)
+            known = self.keys[request.id] = (request.num_tokens, prefix_keys(request.tokens, self.host.block_size))
+        keys, on_device = known[1], self.engine.cache.allocator.block_of
+        device = next((i for i, key in enumerate(keys) if key not in on_device), len(keys))  # (cached_prefix's run)
+        reach = next((i for i in range(device, len(keys)) if keys[i] not in self.host), len(keys))
+        return FromHost(self, request, keys[:reach]) if reach > device else None
 
     def before_step(self) -> None:
         """Whoever is about to be seated (arriving this step, or waiting) gets what the host holds of its prefix: the
@@ -186,6 +189,8 @@ class Tier:
             self.written[r.id] = keyed
         for r in [*step.finished, *step.plan.preempt]:  # (a preempted one's table starts over)
             self.written.pop(r.id, None)
+        for rid in [rid for rid in self.keys if rid not in engine.live]:  # (finished or aborted: not asked again)
+            del self.keys[rid]
 
 
 def arrives(r: Request, step: int, now: float) -> bool:
