@@ -4,6 +4,9 @@
 from __future__ import annotations
 
 import argparse
+import importlib
+
+PAPER_PARSERS: tuple[str, ...] = ()  # modules minillm.cli.NAME of the other papers, each with add_parser(papers)
 
 
 def cmd_anyscale(args: argparse.Namespace) -> None:
@@ -49,3 +52,5 @@ def add_commands(sub) -> None:
     a.add_argument("--seed", type=int, default=0, help="the reply lengths' seed")
     a.add_argument("--json", action="store_true", help="print one JSON object instead of the report")
     a.set_defaults(func=cmd_anyscale)
+    for name in PAPER_PARSERS:
+        importlib.import_module(f"minillm.cli.{name}").add_parser(papers)
