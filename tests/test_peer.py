@@ -10,6 +10,7 @@ import pytest
 
 from minillm.bench.common import BenchSettings
 from minillm.bench.peer import ENV, bench_peer, markdown, minillm_run, take_turns
+from minillm.bench.peer_profile import PARTS, minillm_profiled, part_of, parts_per_step
 from minillm.bench.peer_server import MINILLM, agree, serve_turns
 from minillm.bench.peer_server import markdown as server_markdown
 from minillm.model.tokenizer import EOS
@@ -50,7 +51,36 @@ def test_vllm_serves_the_export_with_the_same_tokens_and_steps(shipped_model):
     assert result["minillm"]["tokens_per_s"] > 0 and result["vllm_run"]["tokens_per_s"] > 0
     theirs = result["vllm_run"]["split_ms_per_step"]  # (vLLM's step split by the same hooks as minillm's)
     assert theirs["forward_s"] > 0 and theirs["pick_s"] > 0 and theirs["rest_s"] > 0
-    assert "forward" in "\n".join(markdown({"repeats": 1, "requests": 6, "4-eager": result}))
+    assert result["profile"]["vllm"]["matmuls"] > 0 and result["profile"]["vllm"]["attention"] > 0
+    text = "\n".join(markdown({"repeats": 1, "requests": 6, "4-eager": result}))
+    assert "forward" in text and "Where the gap is" in text
+
+
+def test_each_sides_ops_fall_in_the_right_part():
+    for op in ("mkldnn::_linear_pointwise", "_C::onednn_mm", "aten::addmm"):
+        assert part_of(op) == "matmuls", op
+    for op in (
+        "minillm::cached_attention",
+        "aten::_scaled_dot_product_flash_attention_for_cpu",
+        "aten::index_select",
+        "_C::cpu_attention_with_kv_cache",
+        "vllm::unified_kv_cache_update",
+        "_C::cpu_attn_reshape_and_cache",
+    ):
+        assert part_of(op) == "attention", op  # fmt: skip
+    assert part_of("## Call CompiledFxGraph None ##") == "fused by the compiler"
+    assert part_of("aten::rms_norm") == part_of("aten::argmax") == "other torch ops"
+    parts = parts_per_step({"aten::mm": 0.2, "aten::index_select": 0.1, "aten::mul": 0.05}, seconds=0.5, steps=10)
+    assert parts == pytest.approx({"matmuls": 20, "attention": 10, "fused by the compiler": 0, "other torch ops": 5,
+                                   "not in any op": 15})  # fmt: skip
+
+
+def test_minillms_profiled_run_finds_its_matmuls_and_attention(shipped_model):
+    with one_torch_thread():
+        profiled = minillm_profiled(lambda: minillm_run(shipped_model, 4, SMALL))
+    parts = parts_per_step(profiled["ops"], profiled["seconds"], profiled["steps"])
+    assert set(parts) == set(PARTS) and parts["matmuls"] > 0 and parts["attention"] > 0
+    assert sum(parts.values()) == pytest.approx(1000 * profiled["seconds"] / profiled["steps"])
 
 
 def test_replies_agree_up_to_vllms_first_eos():

@@ -25,6 +25,8 @@ from pathlib import Path
 
 import torch
 
+from minillm.bench.peer_profile import markdown as profile_markdown
+from minillm.bench.peer_profile import minillm_profiled, profile_pair
 from minillm.bench.peer_server import markdown as server_markdown
 from minillm.bench.peer_server import serve_turns
 from minillm.bench.peer_vllm import ONE_PROCESS, VLLM_ENV, cpu_s, timed
@@ -90,6 +92,11 @@ class VllmPeer:
 
     def run(self) -> dict:
         self.process.stdin.write("serve\n")
+        self.process.stdin.flush()
+        return self.answer()
+
+    def profile(self) -> dict:
+        self.process.stdin.write("profile\n")
         self.process.stdin.flush()
         return self.answer()
 
@@ -159,6 +166,7 @@ def take_turns(model: Transformer, python: str, export: str, seats: int, mode: s
         for _ in range(repeats):
             ours.append(minillm_run(model, seats, crowd))
             theirs.append(peer.run())
+        profiled = profile_pair(minillm_profiled(lambda: minillm_run(model, seats, crowd)), peer.profile())
     finally:
         peer.close()
     cut = lambda reply: reply[:-1] if reply and reply[-1] == EOS else reply  # (minillm's replies hold no EOS)
@@ -168,7 +176,7 @@ def take_turns(model: Transformer, python: str, export: str, seats: int, mode: s
     compile_s = getattr(model.forward, "compile_s", None)  # (a compiled forward: its first step)
     return {"seats": seats, "mode": mode, "vllm": peer.info["version"], "vllm_start_s": peer.info["start_s"],
             "minillm_forward": getattr(model, "forward_kind", "plain"), "minillm_compile_s": compile_s,
-            "tokens": tokens, "identical_replies": same, "minillm": mine, "vllm_run": vllm,
+            "tokens": tokens, "identical_replies": same, "minillm": mine, "vllm_run": vllm, "profile": profiled,
             "ratio": statistics.median(b["seconds"] / a["seconds"] for a, b in zip(ours, theirs))}  # fmt: skip
 
 
@@ -218,7 +226,8 @@ def markdown(r: dict) -> list[str]:
         cells = [f"{ours[key]:.2f} / " + (f"{theirs[key]:.2f}" if key in theirs else "-")
                  for key in ("forward_s", "pick_s", "rest_s")]  # fmt: skip
         lines.append(f"| {v['seats']} | {v['mode']} | " + " | ".join(cells) + " |")
-    return lines + ["", *reading(runs), "", *(server_markdown(r["servers"]) if "servers" in r else [])]
+    servers = server_markdown(r["servers"]) if "servers" in r else []
+    return lines + ["", *reading(runs), "", *profile_markdown(runs), "", *servers]
 
 
 def reading(runs: list[dict]) -> list[str]:

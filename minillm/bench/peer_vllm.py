@@ -6,7 +6,8 @@ REQUESTS.json: [[prompt token ids, max new tokens], ...]. Builds vLLM's offline 
 one thread, fp32 as minillm) and serves the requests once untimed (its compile, its caches); prints one JSON line (its
 version, the start-up seconds). Then each line "serve" on stdin serves them again, timed, through its engine loop one
 step at a time (add every request, step until none is unfinished), as minillm's run does, and prints one JSON line:
-the seconds, steps and CPU seconds, and the replies' token ids (EOS kept). So the bench can take turns between the two
+the seconds, steps and CPU seconds, and the replies' token ids (EOS kept); "profile" serves them once more under
+torch's profiler and prints each op's own CPU seconds. So the bench can take turns between the two
 engines without starting vLLM again. It ends at the end of its input.
 """
 
@@ -70,6 +71,16 @@ def serve(engine, requests, params_for) -> dict:
             "split": spent | {"rest_s": seconds - spent["forward_s"] - spent["pick_s"]}}  # fmt: skip
 
 
+def profiled(engine, requests, params_for) -> dict:
+    """One more run under torch's profiler: each op's own CPU seconds, by name (peer_profile.py sorts them)."""
+    from torch.profiler import ProfilerActivity, profile
+
+    with profile(activities=[ProfilerActivity.CPU]) as prof:
+        run = serve(engine, requests, params_for)
+    ops = {e.key: e.self_cpu_time_total / 1e6 for e in prof.key_averages() if e.self_cpu_time_total > 0}
+    return {"seconds": run["seconds"], "steps": run["steps"], "ops": ops}
+
+
 def main() -> None:
     for name, value in (VLLM_ENV | ONE_PROCESS).items():
         os.environ.setdefault(name, value)
@@ -89,8 +100,9 @@ def main() -> None:
     serve(llm.llm_engine, requests, params_for)  # untimed: the first pass pays for what is built once
     print(json.dumps({"version": vllm.__version__, "mode": mode, "start_s": start_s}), flush=True)
     for line in sys.stdin:
-        if line.strip() == "serve":
-            print(json.dumps(serve(llm.llm_engine, requests, params_for)), flush=True)
+        asked = {"serve": serve, "profile": profiled}.get(line.strip())
+        if asked:
+            print(json.dumps(asked(llm.llm_engine, requests, params_for)), flush=True)
 
 
 if __name__ == "__main__":  # (vLLM's engine start-up needs the guard)
