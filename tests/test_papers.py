@@ -124,9 +124,32 @@ def test_the_papers_bench_entry_reports_each_figure(monkeypatch):
     from minillm.bench.report import markdown
     from minillm.bench.suite import BENCHES
 
-    assert BENCHES["papers"] is papers.bench_papers
+    assert BENCHES["papers"] is papers.bench_papers and "anyscale" in papers.PAPERS
+    other = {"headlines": [{"verdict": "reproduced"}, {"verdict": "not reproduced"}]}  # (a second paper, made up)
+    monkeypatch.setattr(papers, "PAPERS", {"anyscale": papers.bench_anyscale, "other": lambda q: (other, "OTHER")})
     monkeypatch.setattr(papers, "QUICK_REQUESTS", 40)  # (a small sample: seconds)
     r = papers.bench_papers(None, SimpleNamespace(quick=True))
-    assert r["headlines"] == len(r["anyscale"]["headlines"]) and 0 <= r["reproduced"] <= r["headlines"]
+    reproduced = sum(h["verdict"] in ("reproduced", "kept") for h in r["anyscale"]["headlines"])
+    assert r["headlines"] == len(r["anyscale"]["headlines"]) + 2 and r["reproduced"] == reproduced + 1
     text = markdown({"machine": "m", "device": "cpu", "date": "d", "papers": r}, "python -m minillm bench", "plots")
     assert "## 23. The papers, reproduced" in text and "40 requests of 512 prompt tokens" in text
+    assert "OTHER" in text and "(2 papers)" in text
+
+
+def test_a_papers_run_saves_traces_the_step_player_replays(tmp_path, capsys):
+    from minillm.runs import trace_file
+    from viz.app.trace_files import load_uploaded_trace
+
+    args = ["--requests", "40", "--max-tokens", "128", "--system", "vllm", "--save-traces", str(tmp_path)]
+    assert main(["papers", "anyscale", *args]) == 0
+    saved = sorted(p.name for p in tmp_path.iterdir())
+    assert saved == ["anyscale-max128-naive.json", "anyscale-max128-vllm.json"]
+    for name in saved:
+        data = (tmp_path / name).read_bytes()
+        trace = load_uploaded_trace(data)
+        assert not isinstance(trace, str), trace  # (a reason why not, were it refused)
+        assert len(trace.requests) == 40 and trace.config["gpu"] == "a100-40gb-sxm"
+        assert trace_file.loads(data).config["workload"].startswith("anyscale")
+    naive, vllm = (trace_file.load(tmp_path / name) for name in saved)
+    assert max(len(s.seats) for s in naive.steps) == 12  # the benchmark's static batch at max 128
+    assert len(vllm.steps) < len(naive.steps)  # the same crowd in fewer steps

@@ -19,8 +19,17 @@ def bench_anyscale(quick: bool) -> tuple[dict, str]:
     return report_json(report), report_text(report)
 
 
+def bench_sarathi(quick: bool) -> tuple[dict, str]:
+    from minillm.papers.sarathi import Options
+    from minillm.papers.sarathi_report import report_json, report_text, reproduce
+
+    report = reproduce(Options())  # quick or not: the default sample (fewer requests never load the card to 2 s)
+    return report_json(report), report_text(report)
+
+
 PAPERS = {
     "anyscale": bench_anyscale,
+    "sarathi": bench_sarathi,
 }
 
 

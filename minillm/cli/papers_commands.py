@@ -6,7 +6,9 @@ from __future__ import annotations
 import argparse
 import importlib
 
-PAPER_PARSERS: tuple[str, ...] = ()  # modules minillm.cli.NAME of the other papers, each with add_parser(papers)
+PAPER_PARSERS: tuple[str, ...] = (
+    "papers_sarathi",
+)  # modules minillm.cli.NAME of the other papers, each with add_parser(papers)
 
 
 def cmd_anyscale(args: argparse.Namespace) -> None:
@@ -15,8 +17,12 @@ def cmd_anyscale(args: argparse.Namespace) -> None:
     from minillm.papers.anyscale import Options
     from minillm.papers.anyscale_report import report_json, report_text, reproduce
 
+    if args.save_traces:
+        from pathlib import Path
+
+        Path(args.save_traces).mkdir(parents=True, exist_ok=True)
     options = Options(tuple(args.max_tokens), args.requests, tuple(args.system), args.seed, args.mechanism_only,
-                      args.static_batch)  # fmt: skip
+                      args.static_batch, args.save_traces)  # fmt: skip
     report = reproduce(options)
     print(json.dumps(report_json(report)) if args.json else report_text(report))
 
@@ -51,6 +57,9 @@ def add_commands(sub) -> None:
                    "harness add, every reply its own length: the batching mechanism alone")  # fmt: skip
     a.add_argument("--seed", type=int, default=0, help="the reply lengths' seed")
     a.add_argument("--json", action="store_true", help="print one JSON object instead of the report")
+    a.add_argument("--save-traces", metavar="FOLDER", default=None,
+                   help="write every run's trace there (anyscale-max1536-vllm.json, ...) for the app's step player "
+                   '("replay a saved trace"); every step is recorded: sample the crowd (--requests 40)')  # fmt: skip
     a.set_defaults(func=cmd_anyscale)
     for name in PAPER_PARSERS:
         importlib.import_module(f"minillm.cli.{name}").add_parser(papers)

@@ -11,5 +11,6 @@ anyscale_runner.py  ... the costs its systems' own code and harness add to a ste
 quota.py            ... TGI's admission rule (a token quota), as Ray Serve re-implemented it
 anyscale.py         ... the experiment: the crowd through the four systems, the headlines
 anyscale_report.py  ... the table, the verdicts, and each missed figure taken apart by measurement
+sarathi_*.py        Sarathi-Serve (OSDI 2024): chunked prefills' capacity under a P99 TBT SLO against vLLM, 2.6x
 verdict.py          published against reproduced: the ratio, the 35% rule
 """
