@@ -62,8 +62,10 @@ def test_every_figure_names_its_source_and_the_table_spans_three_cards():
     assert PUBLISHED_SINGLE_STREAM == {"rtx-4090": 54.84, "rtx-3090": 47.40}
 
 
-@pytest.mark.parametrize("figure", [f for f in FIGURES if f.kind == "decode"], ids=lambda f: f"{f.gpu} {f.label}")
+@pytest.mark.parametrize("figure", [f for f in FIGURES if f.kind == "decode" and f.model == "llama-3.1-8b"],
+                         ids=lambda f: f"{f.gpu} {f.label}")  # fmt: skip
 def test_single_stream_decode_lands_within_its_goal(figure):
+    """A dense model's one stream (the mixtures of experts' rows: tests/test_published_moe.py)."""
     predicted, run = predict(figure)
     assert run["summary"]["output_tokens"] == figure.reply  # the run generated what the benchmark generated
     assert predicted == pytest.approx(figure.reported, rel=GOALS["decode"])

@@ -23,12 +23,15 @@ Sources (the same names are in BENCHMARKS.md, written from this table):
 - VLLM_CUSTOM_AR: github.com/vllm-project/vllm, PR #2192 "Custom all reduce kernels" (Dec 2023), latency table
   (benchmarks/benchmark_latency.py --input-len 256 --output-len 256 --batch-size 64 -tp 4): Llama 70B (Llama-2-70b,
   fp16) on A100-80G, seconds for the whole batch, with the PR's all-reduce.
+- Mixtures of experts (Mixtral 8x7B at TP 2, TensorRT-LLM v0.9.0; gpt-oss-20b and Qwen3-30B-A3B in llama.cpp):
+  published_moe.py, with their sources (`python -m minillm.bench.published --moe` prints those rows alone).
 """
 
 from __future__ import annotations
 
 from dataclasses import dataclass
 
+from minillm.bench.published_moe import explain_moe, moe_figures
 from minillm.card.modelspec import load_spec, spec_from_config
 
 LLAMA_CPP = "llama.cpp (XiongjieDai/GPU-Benchmarks-on-LLM-Inference, LLaMA 3 table, May 2024)"
@@ -88,7 +91,7 @@ def _figures() -> list[Figure]:
             rows.append(Figure("prefill", gpu, "llama-2-7b", dtype, dtype, 1, prompt, 1, ms, "ms", TRT_LLM,
                                f"first token, {prompt} in"))  # fmt: skip
     rows += _tp_figures()
-    return rows
+    return rows + moe_figures(Figure)
 
 
 def _tp_figures() -> list[Figure]:
@@ -116,7 +119,7 @@ def _tp_figures() -> list[Figure]:
 FIGURES = _figures()
 # One stream, 512 tokens from an empty context (about 256 cached on average): tests/test_roofline.py holds the bound
 # against these, the lesson draws them.
-PUBLISHED_SINGLE_STREAM = {f.gpu: f.reported for f in FIGURES if f.label == "tg 512"}
+PUBLISHED_SINGLE_STREAM = {f.gpu: f.reported for f in FIGURES if f.label == "tg 512" and f.model == "llama-3.1-8b"}
 
 
 def simulate(f: Figure) -> dict:
@@ -161,6 +164,8 @@ def explain(f: Figure, predicted: float, run: dict) -> str:
     faster = predicted > f.reported if f.unit in RATES else predicted < f.reported
     ratio = predicted / f.reported if f.unit in RATES else f.reported / predicted
     verdict = "" if abs(ratio - 1) < GOALS[f.kind] else f"; predicted {'faster' if faster else 'slower'}"
+    if spec.experts:
+        return explain_moe(f, spec, predicted, run, verdict)
     if f.kind.startswith("tp"):
         rank, link = rank_spec(spec, f.tp), link_of(card).name
         rows = [(1, f.prompt + f.reply // 2)] * f.batch  # a decode step half way through the replies
@@ -233,3 +238,30 @@ def bench_published(model, s) -> dict:
                      "goal": GOALS[f.kind], "met": abs(error) <= GOALS[f.kind],
                      "why": explain(f, predicted, run)})  # fmt: skip
     return {"rows": rows, "goals": GOALS, "met": all(r["met"] for r in rows)}
+
+
+def main(argv: list[str] | None = None) -> None:
+    """Print the published figures beside their predictions, as a markdown table (`--moe`: the mixtures of experts'
+    rows alone): bench --only roofline's table, without the rest of the bench."""
+    import argparse
+
+    parser = argparse.ArgumentParser(description="published figures against run --simulate's predictions")
+    parser.add_argument("--moe", action="store_true", help="only the mixtures of experts' rows")
+    moe = parser.parse_args(argv).moe
+    rows = [f for f in FIGURES if bool(spec_of(f.model).experts) or not moe]
+    print("| kind | card | model | dtype (KV) | run | published | predicted | error | goal | why |")
+    print("|---|---|---|---|---|---|---|---|---|---|")
+    met = 0
+    for f in rows:
+        predicted, run = predict(f)
+        error = predicted / f.reported - 1
+        within = abs(error) <= GOALS[f.kind]
+        met += within
+        print(f"| {f.kind} | {f.gpu} | {f.model} | {f.dtype} ({f.kv_dtype}) | {f.label} | {f.reported:,.1f} {f.unit} | "
+              f"{predicted:,.1f} | {error:+.0%} | {GOALS[f.kind]:.0%}{'' if within else ' (missed)'} | "
+              f"{explain(f, predicted, run)} |")  # fmt: skip
+    print(f"\n{met} of {len(rows)} within their goals.")
+
+
+if __name__ == "__main__":
+    main()

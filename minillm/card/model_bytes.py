@@ -12,8 +12,19 @@ from minillm.card.experts import expected_experts, expert_slot_bytes
 from minillm.card.modelspec import ModelSpec
 from minillm.errors import ConfigError
 
-# Bytes per weight. int4: 4 bits plus one fp16 scale per group of 128 weights (AWQ / GPTQ's layout).
-WEIGHT_BYTES = {"fp32": 4.0, "bf16": 2.0, "fp16": 2.0, "fp8": 1.0, "int4": 0.5 + 2 / 128}
+# Bytes per weight of the layers' matrices. int4: 4 bits plus one fp16 scale per group of 128 weights (AWQ / GPTQ's
+# layout). The mxfp4 layouts store the routed experts in a format of their own (EXPERT_BYTES): their entry here is
+# everything else's, the embedding table and lm_head included.
+WEIGHT_BYTES = {"fp32": 4.0, "bf16": 2.0, "fp16": 2.0, "fp8": 1.0, "int4": 0.5 + 2 / 128, "mxfp4": 2.0,
+                "mxfp4-q8": 1 + 2 / 32}  # fmt: skip
+# Bytes per routed-expert weight where the experts have a format of their own. MXFP4 (OCP Microscaling Formats v1.0):
+# 32 4-bit values share one 8-bit scale, 4.25 bits a weight.
+# - mxfp4: OpenAI's gpt-oss checkpoints (config.json quantization_config: quant_method mxfp4; modules_to_not_convert:
+#   attention, router, embedding and lm_head, which stay bf16), as vLLM and TensorRT-LLM load them.
+# - mxfp4-q8: ggml-org's gpt-oss GGUF, as llama.cpp runs it: the same experts, every other matrix and table in
+#   llama.cpp's Q8_0 (32 8-bit values and one fp16 scale: 8.5 bits a weight). llama-bench lists gpt-oss-20b's file at
+#   11.27 GiB; this layout gives 11.24 (with the rest in bf16, 12.82: the 12.83 GiB of its F16 file).
+EXPERT_BYTES = {"mxfp4": 0.5 + 1 / 32, "mxfp4-q8": 0.5 + 1 / 32}
 KV_BYTES = {"bf16": 2, "fp16": 2, "fp8": 1, "fp32": 4}  # fp32: minillm's own cache (kv_cache.py)
 
 
@@ -24,14 +35,28 @@ def check_dtypes(dtype: str, kv_dtype: str) -> None:
         raise ConfigError(f"unknown KV cache dtype {kv_dtype!r}; choose from {', '.join(KV_BYTES)}")
 
 
+def expert_weight_bytes(dtype: str) -> float:
+    """Bytes per routed-expert weight: the experts' own format where the layout has one, else the matrices'."""
+    return EXPERT_BYTES.get(dtype, WEIGHT_BYTES[dtype])
+
+
+def table_bytes(dtype: str) -> float:
+    """Bytes per weight of the embedding table and lm_head: 16-bit (fp32 in fp32) unless an mxfp4 layout stores them
+    in its other matrices' format."""
+    return WEIGHT_BYTES[dtype] if dtype in EXPERT_BYTES else 4 if dtype == "fp32" else 2
+
+
 def weight_bytes(spec: ModelSpec, dtype: str = "bf16") -> float:
     """Bytes of all weights. fp8 and int4 quantize the layers' matrices (every expert's too); embeddings, lm_head,
-    norms and biases stay in bf16, as quantized checkpoints usually keep them."""
+    norms and biases stay in bf16, as quantized checkpoints usually keep them. The mxfp4 layouts store the routed
+    experts in MXFP4 and the other matrices and tables in one format of their own (EXPERT_BYTES)."""
     check_dtypes(dtype, "bf16")
     other = 4 if dtype == "fp32" else 2
-    matrices = spec.matmul_params
-    rest = spec.num_parameters - matrices
-    return matrices * WEIGHT_BYTES[dtype] + rest * other
+    routed = spec.moe_layers * spec.experts * spec.expert_params
+    tables = spec.embedding_params + spec.lm_head_params
+    rest = spec.num_parameters - spec.matmul_params - tables  # norms, biases (and learned position embeddings)
+    return (routed * expert_weight_bytes(dtype) + (spec.matmul_params - routed) * WEIGHT_BYTES[dtype]
+            + tables * table_bytes(dtype) + rest * other)  # fmt: skip
 
 
 def streamed_weight_bytes(spec: ModelSpec, dtype: str = "bf16") -> float:
@@ -39,8 +64,7 @@ def streamed_weight_bytes(spec: ModelSpec, dtype: str = "bf16") -> float:
     per token, counted with the tokens) unless it is tied to lm_head, which multiplies through all of it.
     Memory holds weight_bytes; bandwidth / this is one user's speed ceiling. (A mixture of experts streams this only
     once its batch touches every expert: touched_weight_bytes.)"""
-    act = 4 if dtype == "fp32" else 2
-    return weight_bytes(spec, dtype) - (0 if spec.tied_embeddings else spec.embedding_params * act)
+    return weight_bytes(spec, dtype) - (0 if spec.tied_embeddings else spec.embedding_params * table_bytes(dtype))
 
 
 def touched_weight_bytes(spec: ModelSpec, dtype: str = "bf16", tokens: int = 1) -> float:
@@ -49,7 +73,7 @@ def touched_weight_bytes(spec: ModelSpec, dtype: str = "bf16", tokens: int = 1) 
     streamed = streamed_weight_bytes(spec, dtype)
     if not spec.experts:
         return streamed
-    slot = expert_slot_bytes(spec, WEIGHT_BYTES[dtype], 4 if dtype == "fp32" else 2)
+    slot = expert_slot_bytes(spec, expert_weight_bytes(dtype), 4 if dtype == "fp32" else 2)
     untouched = spec.experts - expected_experts(spec.experts, spec.experts_per_token, tokens)
     return streamed - untouched * slot
 

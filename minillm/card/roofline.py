@@ -32,9 +32,10 @@ from minillm.card import kv_layout
 from minillm.card.experts import expected_experts, expert_slot_bytes
 from minillm.card.hardware import Device
 from minillm.card.model_bytes import (  # what the weights and the KV weigh (re-exported: callers import them here)
+    EXPERT_BYTES,
     KV_BYTES,
-    WEIGHT_BYTES,
     check_dtypes,
+    expert_weight_bytes,
     kv_bytes_per_token,
     kv_bytes_per_user,
     streamed_weight_bytes,
@@ -100,10 +101,11 @@ class StepCost:
 
 def compute_dtype(dtype: str, device: Device) -> str:
     """The dtype the matmuls run in: fp8 needs fp8 tensor cores (Ada, Hopper), else the weights are
-    widened to bf16 in the kernel; int4 is always weight-only (dequantized to fp16 on the fly)."""
+    widened to bf16 in the kernel; int4 is always weight-only (dequantized to fp16 on the fly), and so are the mxfp4
+    layouts (their experts dequantized to bf16, as gpt-oss's activations are)."""
     if dtype == "fp8":
         return "fp8" if device.has("fp8") else "bf16"
-    return "fp16" if dtype == "int4" else dtype
+    return "fp16" if dtype == "int4" else "bf16" if dtype in EXPERT_BYTES else dtype
 
 
 class PerModel(NamedTuple):
@@ -143,7 +145,7 @@ class PerModel(NamedTuple):
 def _per_model(spec: ModelSpec, device: Device, dtype: str, kv_dtype: str, kernels: Kernels) -> PerModel:
     check_dtypes(dtype, kv_dtype)
     act = 4 if dtype == "fp32" else 2
-    slot = expert_slot_bytes(spec, WEIGHT_BYTES[dtype], act)
+    slot = expert_slot_bytes(spec, expert_weight_bytes(dtype), act)
     streamed = streamed_weight_bytes(spec, dtype) - spec.experts * slot  # the embedding table is looked up
     per_key = kv_layout.attention_flops_per_key(spec)  # q.k and p.v, per query head
     full_layers = spec.layers - spec.window_layers
