@@ -88,7 +88,7 @@ def add_commands(sub) -> None:
     p = sub.add_parser("whatif", help="a real model on a real card: memory, users that fit, tokens/s (roofline)")
     p.add_argument("--model", default="llama-3.1-8b", help="a shipped model (e.g. qwen3-0.6b) or a config.json path")
     p.add_argument("--gpu", default="rtx-4090", help="a card (e.g. h100-sxm) or this-machine (calibrated)")
-    p.add_argument("--dtype", default="bf16", help="weights: fp32, bf16, fp16, fp8 or int4")
+    p.add_argument("--dtype", default="bf16", help="weights: fp32, bf16, fp16, fp8, int4 or mxfp4 (gpt-oss)")
     p.add_argument("--kv-dtype", default="bf16", help="KV cache: bf16, fp16 or fp8")
     p.add_argument("--context", type=int, default=4096, help="tokens of context per user")
     p.add_argument("--batch", type=int, default=1, help="users decoding together")

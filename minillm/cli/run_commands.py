@@ -232,7 +232,7 @@ def add_commands(sub) -> None:
     )
     p.add_argument("--reply-len", type=positive_int, default=None,
                    help="simulated workloads: every reply this many tokens")  # fmt: skip
-    p.add_argument("--dtype", default="bf16", help="simulated weights: fp32, bf16, fp16, fp8 or int4")
+    p.add_argument("--dtype", default="bf16", help="simulated weights: fp32, bf16, fp16, fp8, int4 or mxfp4")
     p.add_argument("--kv-dtype", default="bf16", help="simulated KV cache: bf16, fp16 or fp8")
     p.add_argument("--trace", default=None, help="write the trace JSON here")
     p.add_argument("--json", action="store_true", help="print one JSON object instead of the summary")
