@@ -27,9 +27,17 @@ def bench_sarathi(quick: bool) -> tuple[dict, str]:
     return report_json(report), report_text(report)
 
 
+def bench_vllm(quick: bool) -> tuple[dict, str]:
+    from minillm.papers.vllm_report import Options, report_json, report_text, reproduce
+
+    report = reproduce(Options())  # quick or not: the default sample (200 requests, about 30 s)
+    return report_json(report), report_text(report)
+
+
 PAPERS = {
     "anyscale": bench_anyscale,
     "sarathi": bench_sarathi,
+    "vllm": bench_vllm,
 }
 
 
