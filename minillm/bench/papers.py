@@ -34,9 +34,18 @@ def bench_vllm(quick: bool) -> tuple[dict, str]:
     return report_json(report), report_text(report)
 
 
+def bench_sglang(quick: bool) -> tuple[dict, str]:
+    from minillm.papers.sglang import Options
+    from minillm.papers.sglang_report import report_json, report_text, reproduce
+
+    report = reproduce(Options())  # quick or not: the benchmarks' own programs (about 20 s)
+    return report_json(report), report_text(report)
+
+
 PAPERS = {
     "anyscale": bench_anyscale,
     "sarathi": bench_sarathi,
+    "sglang": bench_sglang,
     "vllm": bench_vllm,
 }
 

@@ -133,6 +133,14 @@ DEVICES: dict[str, Device] = {
         # NVIDIA L4 Tensor Core GPU datasheet: 24 GB GDDR6, 300 GB/s; FP16/BF16 tensor 242 TFLOPS and
         # FP8 485 TFLOPS, both marked "with sparsity" (dense: 121 and 242.5); FP32 30.3 TFLOPS.
         _card("l4", "NVIDIA L4 (Ada, 24 GB GDDR6)", 24, 300, fp32=30.3, bf16=121.0, fp8=242.5),
+        # NVIDIA A10G, AWS's variant of the A10 in its G5 instances (the card of SGLang's paper, papers/sglang_*.py).
+        # NVIDIA publishes no A10G datasheet. Memory and bandwidth: "24 gigabytes of GDDR6 VRAM with a memory
+        # bandwidth of 600 gigabytes per second", the same as the A10's (baseten.co/blog/nvidia-a10-vs-a10g-for-ml-
+        # model-inference). Dense FLOP/s: ASSUMED the A10's, FP16 tensor 125 TFLOPS dense (the A10 datasheet's, as
+        # tabled in github.com/citsjtu2020/LLM-Prof hardware_spec.md) and FP32 31.24 (sysrqmts.com's A10 PCIe page);
+        # the same Baseten post says the A10G's tensor compute is lower than the A10's, so prefill here is if
+        # anything cheaper than on the real card (and a prefix cache's saving smaller).
+        _card("a10g", "NVIDIA A10G (Ampere, 24 GB GDDR6; AWS G5)", 24, 600, fp32=31.24, bf16=125.0),
         # NVIDIA A100 Tensor Core GPU datasheet, 80GB SXM column: 2,039 GB/s HBM2e; BF16/FP16 tensor
         # 312 TFLOPS (624 with sparsity); FP32 19.5 TFLOPS. No fp8 on Ampere.
         _card("a100-80gb-sxm", "NVIDIA A100 80GB SXM (Ampere, HBM2e)", 80, 2039, fp32=19.5, bf16=312.0),

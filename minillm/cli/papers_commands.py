@@ -8,6 +8,7 @@ import importlib
 
 PAPER_PARSERS: tuple[str, ...] = (
     "papers_sarathi",
+    "papers_sglang",
     "papers_vllm",
 )  # modules minillm.cli.NAME of the other papers, each with add_parser(papers)
 
