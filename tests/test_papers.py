@@ -148,8 +148,28 @@ def test_a_papers_run_saves_traces_the_step_player_replays(tmp_path, capsys):
         data = (tmp_path / name).read_bytes()
         trace = load_uploaded_trace(data)
         assert not isinstance(trace, str), trace  # (a reason why not, were it refused)
-        assert len(trace.requests) == 40 and trace.config["gpu"] == "a100-40gb-sxm"
+        assert (
+            len(trace.requests) == 40 and trace.config["gpu"] == "a100-40gb-sxm" and trace.config["model"] == "opt-13b"
+        )
         assert trace_file.loads(data).config["workload"].startswith("anyscale")
     naive, vllm = (trace_file.load(tmp_path / name) for name in saved)
     assert max(len(s.seats) for s in naive.steps) == 12  # the benchmark's static batch at max 128
     assert len(vllm.steps) < len(naive.steps)  # the same crowd in fewer steps
+
+
+SMALL_RUNS = [["sglang", "--workload", "chat-short", "--requests", "3"],
+              ["vllm", "--rate-only", "--requests", "12", "--system", "vllm", "orca-max"]]  # fmt: skip
+
+
+@pytest.mark.parametrize("paper", SMALL_RUNS)
+def test_every_papers_runs_can_be_saved_for_the_step_player(paper, tmp_path, capsys):
+    from viz.app.trace_files import load_uploaded_trace
+
+    assert main(["papers", *paper, "--save-traces", str(tmp_path)]) == 0
+    saved = sorted(tmp_path.iterdir())
+    assert saved and f"{len(saved)} traces written" in capsys.readouterr().err
+    for path in saved:
+        assert path.name.startswith(paper[0]) and path.suffix == ".json"
+        trace = load_uploaded_trace(path.read_bytes())
+        assert not isinstance(trace, str), trace
+        assert trace.steps and all(r.finish_reason for r in trace.requests)  # whole runs, every request served

@@ -42,8 +42,20 @@ def bench_sglang(quick: bool) -> tuple[dict, str]:
     return report_json(report), report_text(report)
 
 
+def bench_distserve(quick: bool) -> tuple[dict, str]:
+    from minillm.papers.distserve import Options
+    from minillm.papers.distserve_report import report_json, report_text, reproduce
+
+    apps = ("chatbot-13b",) if quick else ("chatbot-13b", "figure-1")  # (about 55 s and 15 s)
+    reports = [reproduce(Options(app=app)) for app in apps]
+    data = {"paper": "distserve", "apps": {app: report_json(r) for app, r in zip(apps, reports)}}
+    data["headlines"] = [h for app in apps for h in data["apps"][app]["headlines"]]
+    return data, "\n\n".join(report_text(r) for r in reports)
+
+
 PAPERS = {
     "anyscale": bench_anyscale,
+    "distserve": bench_distserve,
     "sarathi": bench_sarathi,
     "sglang": bench_sglang,
     "vllm": bench_vllm,

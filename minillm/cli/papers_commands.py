@@ -5,8 +5,10 @@ from __future__ import annotations
 
 import argparse
 import importlib
+import sys
 
 PAPER_PARSERS: tuple[str, ...] = (
+    "papers_distserve",
     "papers_sarathi",
     "papers_sglang",
     "papers_vllm",
@@ -19,12 +21,8 @@ def cmd_anyscale(args: argparse.Namespace) -> None:
     from minillm.papers.anyscale import Options
     from minillm.papers.anyscale_report import report_json, report_text, reproduce
 
-    if args.save_traces:
-        from pathlib import Path
-
-        Path(args.save_traces).mkdir(parents=True, exist_ok=True)
     options = Options(tuple(args.max_tokens), args.requests, tuple(args.system), args.seed, args.mechanism_only,
-                      args.static_batch, args.save_traces)  # fmt: skip
+                      args.static_batch)  # fmt: skip
     report = reproduce(options)
     print(json.dumps(report_json(report)) if args.json else report_text(report))
 
@@ -59,9 +57,26 @@ def add_commands(sub) -> None:
                    "harness add, every reply its own length: the batching mechanism alone")  # fmt: skip
     a.add_argument("--seed", type=int, default=0, help="the reply lengths' seed")
     a.add_argument("--json", action="store_true", help="print one JSON object instead of the report")
-    a.add_argument("--save-traces", metavar="FOLDER", default=None,
-                   help="write every run's trace there (anyscale-max1536-vllm.json, ...) for the app's step player "
-                   '("replay a saved trace"); every step is recorded: sample the crowd (--requests 40)')  # fmt: skip
     a.set_defaults(func=cmd_anyscale)
     for name in PAPER_PARSERS:
         importlib.import_module(f"minillm.cli.{name}").add_parser(papers)
+    for paper in papers.choices.values():  # every paper's runs can be saved for the step player
+        paper.add_argument("--save-traces", metavar="FOLDER", default=None,
+                           help="write every run's trace there (NAME.json) for the app's step player (\"replay a "
+                           "saved trace\"); every step is recorded: sample the crowd (e.g. --requests 40)")  # fmt: skip
+        paper.set_defaults(func=saving_traces_of(paper.get_default("func")))
+
+
+def saving_traces_of(command):
+    """The paper's command, run inside papers/traces.py's saving_traces when --save-traces asks."""
+
+    def run(args: argparse.Namespace) -> None:
+        if not args.save_traces:
+            return command(args)
+        from minillm.papers.traces import saving_traces
+
+        with saving_traces(args.save_traces) as written:
+            command(args)
+        print(f"{len(written)} traces written to {args.save_traces} (the app: replay a saved trace)", file=sys.stderr)
+
+    return run

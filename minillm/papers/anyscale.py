@@ -13,22 +13,19 @@ does with its row reserved ahead), and the seats are what those rows leave room 
 
 from __future__ import annotations
 
-import json
 import random
 from dataclasses import dataclass, field
-from pathlib import Path
 
 from minillm.card.hardware import get_device
 from minillm.card.modelspec import ModelSpec, load_spec
 from minillm.config import EngineConfig
-from minillm.engine.engine import Engine
 from minillm.engine.request import Request
 from minillm.engine.scheduler import ContinuousScheduler, StaticScheduler
 from minillm.errors import ConfigError
-from minillm.layers.engine import LayeredEngine
 from minillm.papers import anyscale_setup as setup
 from minillm.papers.anyscale_runner import PricedRunner
 from minillm.papers.quota import QuotaScheduler
+from minillm.papers.traces import paper_engine
 from minillm.papers.verdict import Headline
 
 BLOCK = 16  # tokens per KV block (vLLM's default block size)
@@ -82,9 +79,8 @@ def blocks(tokens: int) -> int:
 
 
 def run_system(system: setup.System, max_tokens: int, lengths: list[int], spec: ModelSpec,
-               static_batch: int | str | None = None, save_to: str | None = None) -> Run:  # fmt: skip
-    """The crowd through one system on the simulated card: the same engine, its policy and KV books. save_to: a
-    folder to write the run's trace in (the step player replays it: "replay a saved trace")."""
+               static_batch: int | str | None = None) -> Run:  # fmt: skip
+    """The crowd through one system on the simulated card: the same engine, its policy and KV books."""
     runner = PricedRunner(spec, get_device(setup.GPU), system.costs, setup.DTYPE, setup.DTYPE)
     row = blocks(setup.PROMPT_TOKENS + max_tokens)  # a contiguous seat's row: prompt + max tokens
     pool = runner.pool_blocks(BLOCK)
@@ -104,27 +100,19 @@ def run_system(system: setup.System, max_tokens: int, lengths: list[int], spec: 
     num_blocks = seats * row if system.kv == "contiguous" and not system.quota else pool
     cfg = EngineConfig(slots=seats, kv="paged", num_blocks=num_blocks, block_size=BLOCK, max_len=runner.max_len,
                        record_blocks=False)  # fmt: skip
-    engine = Engine(runner, policy, cfg) if save_to is None else traced_engine(runner, policy, cfg, system, max_tokens)
+    meta = {"model": setup.MODEL_CONFIG, "gpu": setup.GPU, "dtype": setup.DTYPE, "kv_dtype": setup.DTYPE}
+    engine = paper_engine(runner, policy, cfg, f"anyscale-max{max_tokens}-{system.key}", meta)
     longest = max(lengths)
     for i, length in enumerate(lengths):
         reply = longest if system.crowd_replies else length
         engine.submit(Request(f"r{i}", [PROMPT_TOKEN] * setup.PROMPT_TOKENS, reply, ignore_eos=True))
-    trace = engine.run()
-    if save_to is not None:
-        Path(save_to, f"anyscale-max{max_tokens}-{system.key}.json").write_text(json.dumps(trace.to_dict()))
+    engine.run()
     unserved = [r.id for r in engine.requests if r.finish_reason != "length"]
     if unserved:
         raise ConfigError(f"{system.key} at max {max_tokens}: {len(unserved)} requests not served ({unserved[0]}...)")
     credited = sum(setup.PROMPT_TOKENS + length for length in lengths)
     return Run(system.key, max_tokens, seats, runner.clock.now(), credited, engine.step_no, runner.decode_rows,
                longest, dict(runner.extra_s))  # fmt: skip
-
-
-def traced_engine(runner, policy, cfg: EngineConfig, system: setup.System, max_tokens: int) -> LayeredEngine:
-    """The same engine with its steps recorded, for the step player (a trace of every step: a sampled crowd's)."""
-    meta = {"workload": f"anyscale {system.key}, max tokens {max_tokens}", "model": setup.MODEL_CONFIG,
-            "gpu": setup.GPU, "dtype": setup.DTYPE, "kv_dtype": setup.DTYPE}  # fmt: skip
-    return LayeredEngine(runner, policy, cfg, meta=meta)
 
 
 @dataclass
@@ -137,7 +125,6 @@ class Options:
     # the static systems' seats: a number, "fit" (the rows of prompt + max tokens the KV memory holds) or None (the
     # benchmark's, per max length)
     static_batch: int | str | None = None
-    save_traces: str | None = None  # a folder: every run's trace written there, for the step player
 
 
 def systems_of(options: Options) -> dict[str, setup.System]:
@@ -162,8 +149,8 @@ def sweep(options: Options) -> dict[int, dict[str, Run]]:
                 f"{(spec.max_context or 0) - setup.PROMPT_TOKENS} tokens after a 512-token prompt"
             )
         lengths = reply_lengths(options.requests, max_tokens, options.seed)
-        results[max_tokens] = {key: run_system(s, max_tokens, lengths, spec, options.static_batch,
-                                               options.save_traces) for key, s in chosen.items()}  # fmt: skip
+        results[max_tokens] = {key: run_system(s, max_tokens, lengths, spec, options.static_batch)
+                               for key, s in chosen.items()}  # fmt: skip
     return results
 
 

@@ -21,6 +21,7 @@ from minillm.errors import ConfigError
 from minillm.papers import sarathi_setup as setup
 from minillm.papers.sarathi_crowd import Crowd, draw_crowd, median, percentile
 from minillm.papers.sarathi_vllm import PrefillFirstScheduler
+from minillm.papers.traces import paper_engine
 
 BLOCK = 16  # tokens per KV block (vLLM's default)
 PROMPT_TOKEN = 5  # every prompt token (the simulated card needs ids, not text)
@@ -98,7 +99,8 @@ def run_point(deployment: setup.Deployment, system: str, budget: int, trace: set
     runner = make_runner(deployment, overhead)
     cfg = EngineConfig(slots=setup.MAX_SEATS, kv="paged", num_blocks=runner.pool_blocks(BLOCK), block_size=BLOCK,
                        max_len=runner.max_len, record_blocks=False)  # fmt: skip
-    engine, watch = Engine(runner, scheduler_of(system, budget, trace), cfg), Watch()
+    name, meta = f"sarathi-{system}-budget{budget}-rate{rate:.3g}", {"model": deployment.model, "gpu": deployment.gpu}
+    engine, watch = paper_engine(runner, scheduler_of(system, budget, trace), cfg, name, meta), Watch()
     engine.observers.append(watch)
     arrivals = crowd.arrivals(rate)
     for i, (prompt, output, t) in enumerate(zip(crowd.prompts, crowd.outputs, arrivals)):

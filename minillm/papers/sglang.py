@@ -22,6 +22,7 @@ from minillm.errors import ConfigError
 from minillm.papers import sglang_setup as setup
 from minillm.papers.sglang_lpm import LongestPrefixScheduler
 from minillm.papers.sglang_workloads import Program, programs_of
+from minillm.papers.traces import paper_engine
 
 
 @dataclass
@@ -130,21 +131,24 @@ class Client:
             self.send(engine, self.todo.pop(), 0, [])
 
 
-def make_engine(block_size: int, caching: bool, parallel: int, lpm: bool, gpu: str = setup.GPU) -> Engine:
+def make_engine(block_size: int, caching: bool, parallel: int, lpm: bool, gpu: str = setup.GPU,
+                workload: str = "") -> Engine:  # fmt: skip
     runner = SimulatedRunner(load_spec(setup.MODEL), get_device(gpu), setup.DTYPE, setup.DTYPE,
                              utilization=setup.MEM_FRACTION)  # fmt: skip
     cfg = EngineConfig(slots=parallel, kv="paged", num_blocks=runner.pool_blocks(block_size), block_size=block_size,
                        max_len=runner.max_len, prefix_caching=caching, record_blocks=False)  # fmt: skip
     policy = LongestPrefixScheduler if lpm else ContinuousScheduler
-    return Engine(runner, policy(token_budget=setup.PREFILL_TOKENS), cfg)
+    name = f"sglang-{workload}-{'lpm' if lpm else 'fcfs'}{'' if caching else '-no-cache'}-block{block_size}"
+    meta = {"model": setup.MODEL, "gpu": gpu}
+    return paper_engine(runner, policy(token_budget=setup.PREFILL_TOKENS), cfg, name, meta)
 
 
 def serve(workload: str, programs: list[Program], system: str, block_size: int, parallel: int, gpu: str) -> Served:
     caching, lpm = system != "no-cache", system == "cache"
-    engine, client = make_engine(block_size, caching, parallel, lpm, gpu), Client(programs, parallel)
+    engine, client = make_engine(block_size, caching, parallel, lpm, gpu, workload), Client(programs, parallel)
     client.start(engine)
     while engine.has_work():
-        for request in engine.step().finished:
+        for request in Engine.step(engine).finished:  # (the core's Step: a traced engine's step returns its record)
             client.finished(engine, request)
     done = engine.requests
     rejected = [r for r in done if r.finish_reason and r.finish_reason.startswith("rejected")]

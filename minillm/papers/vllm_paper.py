@@ -25,6 +25,7 @@ from minillm.engine.scheduler import ContinuousScheduler, StaticScheduler
 from minillm.errors import ConfigError
 from minillm.papers import vllm_setup as setup
 from minillm.papers.anyscale_runner import Implementation, PricedRunner
+from minillm.papers.traces import paper_engine
 from minillm.papers.vllm_buddy import OrcaScheduler
 from minillm.papers.vllm_memory import KVUsage
 from minillm.papers.vllm_trace import Trace
@@ -57,22 +58,23 @@ class Capacity:
     tried: list = field(default_factory=list)  # (rate, normalized latency), in the order run
 
 
-def engine_for(system: setup.System, runner: PricedRunner) -> tuple[Engine, object]:
-    """The system's engine on the card, and how to read the slots each request holds."""
+def engine_for(system: setup.System, runner: PricedRunner, name: str) -> tuple[Engine, object]:
+    """The system's engine on the card, and how to read the slots each request holds. name: the run's (traces.py)."""
+    meta = {"model": runner.spec.name, "gpu": runner.card.name}
+    made = lambda policy, cfg: paper_engine(runner, policy, cfg, name, meta)
     pool = runner.pool_blocks(setup.BLOCK)
     row = setup.MAX_SEQUENCE // setup.BLOCK
     config = dict(kv="paged", block_size=setup.BLOCK, max_len=runner.max_len, record_blocks=False)
     if system.policy == "static":  # B rows of 2048, as many as the KV memory holds
         seats = pool // row
-        engine = Engine(runner, StaticScheduler(token_budget=None), EngineConfig(slots=seats, num_blocks=seats * row,
-                                                                                 **config))  # fmt: skip
+        engine = made(StaticScheduler(token_budget=None), EngineConfig(slots=seats, num_blocks=seats * row, **config))
         return engine, lambda e, r: setup.MAX_SEQUENCE
     if system.reserve == "paged":
-        engine = Engine(runner, ContinuousScheduler(setup.TOKEN_BUDGET),
-                        EngineConfig(slots=setup.MAX_SEQS, num_blocks=pool, **config))  # fmt: skip
+        cfg = EngineConfig(slots=setup.MAX_SEQS, num_blocks=pool, **config)
+        engine = made(ContinuousScheduler(setup.TOKEN_BUDGET), cfg)
         return engine, lambda e, r: -(-r.num_computed // setup.BLOCK) * setup.BLOCK  # whole blocks, no sharing
     orca = OrcaScheduler(system.reserve, pool * setup.BLOCK, setup.BLOCK, setup.TOKEN_BUDGET)
-    engine = Engine(runner, orca, EngineConfig(slots=setup.MAX_SEQS, num_blocks=pool, **config))
+    engine = made(orca, EngineConfig(slots=setup.MAX_SEQS, num_blocks=pool, **config))
     return engine, lambda e, r: orca.chunks[r.id][2]
 
 
@@ -91,7 +93,7 @@ def run_system(system: setup.System, bench: Bench, rate: float) -> Run:
     implementation = Implementation(pause_per_step_s=bench.step_s)
     runner = PricedRunner(bench.spec, bench.card, implementation, setup.DTYPE, setup.DTYPE)
     trace = bench.trace
-    engine, reserved_of = engine_for(system, runner)
+    engine, reserved_of = engine_for(system, runner, f"vllm-paper-{system.key}-rate{rate:.3g}")
     arrivals = trace.arrivals(rate)
     steady = arrivals[len(arrivals) // 4], arrivals[-1]  # (vllm_memory.py: the warm-up and the drain left out)
     usage = KVUsage(runner.pool_blocks(setup.BLOCK) * setup.BLOCK, *steady, reserved_of)
