@@ -77,7 +77,7 @@ def test_each_sides_ops_fall_in_the_right_part():
 
 def test_minillms_profiled_run_finds_its_matmuls_and_attention(shipped_model):
     with one_torch_thread():
-        profiled = minillm_profiled(lambda: minillm_run(shipped_model, 4, SMALL))
+        profiled = minillm_profiled(lambda around: minillm_run(shipped_model, 4, SMALL, around))
     parts = parts_per_step(profiled["ops"], profiled["seconds"], profiled["steps"])
     assert set(parts) == set(PARTS) and parts["matmuls"] > 0 and parts["attention"] > 0
     assert sum(parts.values()) == pytest.approx(1000 * profiled["seconds"] / profiled["steps"])

@@ -15,6 +15,7 @@ forward (hooks around it), the pick, and everything else in the step (scheduling
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import statistics
@@ -47,8 +48,9 @@ SKIPPED = (f"skipped: no vLLM to compare with: set {ENV}=/path/to/venv/bin/pytho
 DRIVER = Path(__file__).with_name("peer_vllm.py")
 
 
-def minillm_run(model: Transformer, seats: int, crowd: dict = CROWD) -> dict:
-    """One run of the crowd on minillm's engine (continuous, paged), with its step split: forward, pick, the rest."""
+def minillm_run(model: Transformer, seats: int, crowd: dict = CROWD, around=contextlib.nullcontext) -> dict:
+    """One run of the crowd on minillm's engine (continuous, paged), with its step split: forward, pick, the rest.
+    around: a context entered around the engine's steps alone (the profiler: peer_profile.py), not its making."""
     engine = workload_engine(model, crowd["workload"], "continuous", slots=seats, knobs=crowd["knobs"],
                              seed=crowd["seed"])  # fmt: skip
     spent = {"forward_s": 0.0, "pick_s": 0.0}
@@ -64,7 +66,8 @@ def minillm_run(model: Transformer, seats: int, crowd: dict = CROWD) -> dict:
     engine.picker.pick = timed_pick
     began, cpu_began = time.perf_counter(), cpu_s()
     try:
-        trace = engine.run()
+        with around():
+            trace = engine.run()
     finally:
         for hook in hooks:
             hook.remove()
@@ -166,7 +169,8 @@ def take_turns(model: Transformer, python: str, export: str, seats: int, mode: s
         for _ in range(repeats):
             ours.append(minillm_run(model, seats, crowd))
             theirs.append(peer.run())
-        profiled = profile_pair(minillm_profiled(lambda: minillm_run(model, seats, crowd)), peer.profile())
+        ours_profiled = minillm_profiled(lambda around: minillm_run(model, seats, crowd, around))
+        profiled = profile_pair(ours_profiled, peer.profile())
     finally:
         peer.close()
     cut = lambda reply: reply[:-1] if reply and reply[-1] == EOS else reply  # (minillm's replies hold no EOS)

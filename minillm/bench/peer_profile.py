@@ -11,8 +11,6 @@ Each is ms per step of the profiled run, so the parts add up to its mean step (l
 
 from __future__ import annotations
 
-import time
-
 PARTS = ("matmuls", "attention", "fused by the compiler", "other torch ops", "not in any op")
 MATMULS = ("_linear_pointwise", "onednn_mm", "aten::mm", "aten::addmm", "aten::bmm")
 # (aten::index_select is also the embedding's lookup: one call a step, a few us)
@@ -37,15 +35,14 @@ def parts_per_step(ops: dict[str, float], seconds: float, steps: int) -> dict[st
 
 
 def minillm_profiled(run) -> dict:
-    """run() -> peer.minillm_run's result, under the profiler: its seconds, steps and op seconds."""
+    """run(around) -> peer.minillm_run's result, the profiler entered around its steps alone (building the engine, its
+    KV pool zeroed, is no step's work; vLLM's is built once, at start): its seconds, steps and op seconds."""
     from torch.profiler import ProfilerActivity, profile
 
-    with profile(activities=[ProfilerActivity.CPU]) as prof:
-        began = time.perf_counter()
-        result = run()
-        seconds = time.perf_counter() - began
-    ops = {e.key: e.self_cpu_time_total / 1e6 for e in prof.key_averages() if e.self_cpu_time_total > 0}
-    return {"seconds": seconds, "steps": result["steps"], "ops": ops}
+    watch = profile(activities=[ProfilerActivity.CPU])
+    result = run(lambda: watch)
+    ops = {e.key: e.self_cpu_time_total / 1e6 for e in watch.key_averages() if e.self_cpu_time_total > 0}
+    return {"seconds": result["seconds"], "steps": result["steps"], "ops": ops}
 
 
 def profile_pair(ours: dict, theirs: dict) -> dict:
