@@ -64,15 +64,15 @@ def minillm_run(model: Transformer, seats: int, crowd: dict = CROWD, around=cont
         return tokens
 
     engine.picker.pick = timed_pick
-    began, cpu_began = time.perf_counter(), cpu_s()
     try:
-        with around():
+        with around():  # (timed inside it: the profiler's start and its summing up at the end are no step's)
+            began, cpu_began = time.perf_counter(), cpu_s()
             trace = engine.run()
+            seconds, cpu_spent = time.perf_counter() - began, cpu_s() - cpu_began
     finally:
         for hook in hooks:
             hook.remove()
-    seconds = time.perf_counter() - began
-    return {"seconds": seconds, "cpu_s": cpu_s() - cpu_began, "steps": len(trace.steps),
+    return {"seconds": seconds, "cpu_s": cpu_spent, "steps": len(trace.steps),
             "replies": [r.output_ids for r in trace.requests],
             "split": spent | {"rest_s": seconds - spent["forward_s"] - spent["pick_s"]}}  # fmt: skip
 
