@@ -27,9 +27,12 @@ def non_negative_float(text: str) -> float:
 
 
 def positive_float(text: str) -> float:
-    value = float(text)
-    if not value > 0:
-        raise argparse.ArgumentTypeError(f"must be positive, got {value}")
+    try:
+        value = float(text)
+    except ValueError:
+        value = float("nan")
+    if not value > 0:  # (nan too: "abc", "nan")
+        raise argparse.ArgumentTypeError(f"must be a number above 0, got {text!r}")
     return value
 
 

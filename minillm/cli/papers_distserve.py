@@ -19,18 +19,8 @@ def cmd_distserve(args: argparse.Namespace) -> None:
     print(json.dumps(report_json(report)) if args.json else report_text(report))
 
 
-def positive_float(text: str) -> float:
-    try:
-        value = float(text)
-    except ValueError:
-        value = 0.0
-    if not value > 0:
-        raise argparse.ArgumentTypeError(f"a number above 0, got {text!r}")
-    return value
-
-
 def add_parser(papers) -> None:
-    from minillm.cli.args import positive_int
+    from minillm.cli.args import positive_float, positive_int
     from minillm.papers import distserve_setup as setup
     from minillm.papers.distserve_cost import PRICES
     from minillm.papers.distserve_systems import SYSTEMS

@@ -18,18 +18,8 @@ def cmd_sarathi(args: argparse.Namespace) -> None:
     print(json.dumps(report_json(report)) if args.json else report_text(report))
 
 
-def positive_rate(text: str) -> float:
-    try:
-        rate = float(text)
-    except ValueError:
-        rate = 0.0
-    if not rate > 0:
-        raise argparse.ArgumentTypeError(f"a rate in requests per second above 0, got {text!r}")
-    return rate
-
-
 def add_parser(papers) -> None:
-    from minillm.cli.args import positive_int
+    from minillm.cli.args import positive_float, positive_int
     from minillm.papers import sarathi as experiment
     from minillm.papers import sarathi_setup as setup
 
@@ -49,7 +39,7 @@ def add_parser(papers) -> None:
                    f"{setup.REQUESTS:,})")  # fmt: skip
     s.add_argument("--system", nargs="+", choices=list(setup.SYSTEMS), default=list(setup.SYSTEMS),
                    help="the systems to search (the ratio needs both)")  # fmt: skip
-    s.add_argument("--start-rate", type=positive_rate, default=1.0,
+    s.add_argument("--start-rate", type=positive_float, default=1.0,
                    help="where the search over rate starts, requests per second (default 1)")  # fmt: skip
     s.add_argument("--host-overhead", action="store_true",
                    help="every step also pays the host's measured time around it (Vidur's profile of the same "
