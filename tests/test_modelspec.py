@@ -42,7 +42,7 @@ TODAYS = {"deepseek-v3", "gpt-oss-20b", "gpt-oss-120b", "qwen3-30b-a3b", "mixtra
 
 
 def test_every_shipped_model_loads():
-    assert set(shipped_models()) == {*PUBLISHED, *TODAYS, "minillm-tiny", "opt-13b"}  # (opt-13b: minillm/papers/)
+    assert set(shipped_models()) == {*PUBLISHED, *TODAYS, "minillm-tiny", "opt-13b", "gpt3-13b", "gpt3-175b"}
     assert all(load_spec(name).num_parameters > 0 for name in shipped_models())
 
 

@@ -34,6 +34,14 @@ def bench_vllm(quick: bool) -> tuple[dict, str]:
     return report_json(report), report_text(report)
 
 
+def bench_orca(quick: bool) -> tuple[dict, str]:
+    from minillm.papers.orca import Options
+    from minillm.papers.orca_report import report_json, report_text, reproduce
+
+    report = reproduce(Options())  # quick or not: the default sample (400 requests, about 30 s)
+    return report_json(report), report_text(report)
+
+
 def bench_sglang(quick: bool) -> tuple[dict, str]:
     from minillm.papers.sglang import Options
     from minillm.papers.sglang_report import report_json, report_text, reproduce
@@ -56,6 +64,7 @@ def bench_distserve(quick: bool) -> tuple[dict, str]:
 PAPERS = {
     "anyscale": bench_anyscale,
     "distserve": bench_distserve,
+    "orca": bench_orca,
     "sarathi": bench_sarathi,
     "sglang": bench_sglang,
     "vllm": bench_vllm,

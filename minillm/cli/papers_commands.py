@@ -9,6 +9,7 @@ import sys
 
 PAPER_PARSERS: tuple[str, ...] = (
     "papers_distserve",
+    "papers_orca",
     "papers_sarathi",
     "papers_sglang",
     "papers_vllm",

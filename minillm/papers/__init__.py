@@ -12,6 +12,7 @@ quota.py            ... TGI's admission rule (a token quota), as Ray Serve re-im
 anyscale.py         ... the experiment: the crowd through the four systems, the headlines
 anyscale_report.py  ... the table, the verdicts, and each missed figure taken apart by measurement
 distserve_*.py      DistServe (OSDI 2024): per-GPU goodput of prefill/decode disaggregation against vLLM, >= 2x
+orca_*.py           Orca (OSDI 2022): iteration-level scheduling's throughput at the same latency, 36.9x
 sarathi_*.py        Sarathi-Serve (OSDI 2024): chunked prefills' capacity under a P99 TBT SLO against vLLM, 2.6x
 sglang_*.py         SGLang (NeurIPS 2024): RadixAttention's cache hit rates, 50-99%, and the throughput they buy
 vllm_*.py           vLLM / PagedAttention (SOSP 2023): KV memory wasted by contiguous reservations, 2-4x the rate
