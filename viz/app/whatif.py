@@ -29,8 +29,8 @@ from matplotlib.figure import Figure
 from minillm.card import whatif
 from minillm.card.calibrate import load_calibration
 from minillm.card.hardware import DEVICES, get_device
+from minillm.card.model_bytes import KV_BYTES, WEIGHT_BYTES
 from minillm.card.modelspec import load_spec, shipped_models
-from minillm.card.roofline import KV_BYTES, WEIGHT_BYTES
 from minillm.card.tensor_parallel import rank_spec
 from minillm.errors import MinillmError
 from viz.app import crowd, fleet_cards, multicard, presenter
