@@ -158,7 +158,8 @@ def test_a_papers_run_saves_traces_the_step_player_replays(tmp_path, capsys):
 
 
 SMALL_RUNS = [["sglang", "--workload", "chat-short", "--requests", "3"],
-              ["vllm", "--rate-only", "--requests", "12", "--system", "vllm", "orca-max"]]  # fmt: skip
+              ["vllm", "--rate-only", "--requests", "12", "--system", "vllm", "orca-max"],
+              ["distserve", "--app", "figure-1", "--requests", "10", "--system", "distserve"]]  # fmt: skip
 
 
 @pytest.mark.parametrize("paper", SMALL_RUNS)

@@ -26,13 +26,13 @@ from minillm.config import EngineConfig
 from minillm.engine.engine import Engine
 from minillm.engine.request import Request
 from minillm.engine.scheduler import ContinuousScheduler
-from minillm.layers import LayeredEngine
 from minillm.papers import distserve_setup as setup
 from minillm.papers.distserve_cost import make_runner
 from minillm.papers.distserve_fleet import PlacedFleet
 from minillm.papers.sarathi import Watch
 from minillm.papers.sarathi_crowd import Crowd
 from minillm.papers.sarathi_vllm import PrefillFirstScheduler
+from minillm.papers.traces import paper_engine
 
 PROMPT_TOKEN = 5  # every prompt token (the simulated card needs ids, not text)
 FIRST_TOKEN = 32  # a decoding-only request's first token, as if its prefill had made it
@@ -66,7 +66,8 @@ def engine_on(deployment: Deployment, tp: int, kind: str, policy, seats: int, la
     runner = make_runner(deployment.model, tp, kind, deployment.prices)
     cfg = EngineConfig(slots=seats, kv="paged", num_blocks=runner.pool_blocks(setup.BLOCK), block_size=setup.BLOCK,
                        max_len=min(runner.max_len, setup.MAX_LEN), record_blocks=False)  # fmt: skip
-    return (LayeredEngine if layered else Engine)(runner, policy, cfg)
+    name, meta = f"distserve-{kind}-{policy.name}-tp{tp}", {"model": deployment.model, "gpu": runner.card.name}
+    return paper_engine(runner, policy, cfg, name, meta, layered)
 
 
 def prefill_instance(d: Deployment, layered: bool = False) -> Engine:

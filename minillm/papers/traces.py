@@ -22,14 +22,16 @@ from minillm.layers.engine import LayeredEngine
 _saving: ContextVar[list | None] = ContextVar("saving", default=None)  # (name, engine) of each run, while saving
 
 
-def paper_engine(runner, policy, cfg: EngineConfig, name: str, meta: dict | None = None) -> Engine:
+def paper_engine(runner, policy, cfg: EngineConfig, name: str, meta: dict | None = None, layered=False) -> Engine:
     """The engine for one run of a paper's experiment: name says which (the trace's file name), meta what the trace
-    records of it (the workload, the model, the card)."""
+    records of it (the workload, the model, the card); layered: a LayeredEngine whether saving or not (a fleet's
+    engines hand their KV over through its layers)."""
     saving = _saving.get()
-    if saving is None:
+    if saving is None and not layered:
         return Engine(runner, policy, cfg)
     engine = LayeredEngine(runner, policy, cfg, meta={"workload": name, **(meta or {})})
-    saving.append((name, engine))
+    if saving is not None:
+        saving.append((name, engine))
     return engine
 
 
@@ -46,6 +48,8 @@ def saving_traces(folder: str | Path) -> Iterator[list[Path]]:
         _saving.reset(token)
     taken: dict[str, int] = {}
     for name, engine in runs:
+        if not engine.records:  # (built, never stepped: e.g. a fleet's engine no request reached)
+            continue
         stem = re.sub(r"[^A-Za-z0-9._-]+", "-", name).strip("-")
         taken[stem] = taken.get(stem, 0) + 1
         path = folder / f"{stem}{'' if taken[stem] == 1 else f'-{taken[stem]}'}.json"
