@@ -6,48 +6,30 @@ counts, and its report as text)."""
 
 from __future__ import annotations
 
+import importlib
+
 from minillm.model.transformer import Transformer
 
 QUICK_REQUESTS = 200  # the post's crowd is 1,000 requests: --quick samples 200 (the report says so)
 
 
+def default_report(paper: str, options=None) -> tuple[dict, str]:
+    """A paper's report (minillm/papers/PAPER_report.py) at the options given, else at its defaults (each a sample
+    sized to run within a minute here)."""
+    papers_report = importlib.import_module(f"minillm.papers.{paper}_report")
+    report = papers_report.reproduce(options or papers_report.Options())
+    return papers_report.report_json(report), papers_report.report_text(report)
+
+
+def at_defaults(paper: str):
+    """The bench entry of a paper run at its defaults, quick or not (fewer requests would not load its card)."""
+    return lambda quick: default_report(paper)
+
+
 def bench_anyscale(quick: bool) -> tuple[dict, str]:
     from minillm.papers.anyscale import Options
-    from minillm.papers.anyscale_report import report_json, report_text, reproduce
 
-    report = reproduce(Options(requests=QUICK_REQUESTS) if quick else Options())
-    return report_json(report), report_text(report)
-
-
-def bench_sarathi(quick: bool) -> tuple[dict, str]:
-    from minillm.papers.sarathi import Options
-    from minillm.papers.sarathi_report import report_json, report_text, reproduce
-
-    report = reproduce(Options())  # quick or not: the default sample (fewer requests never load the card to 2 s)
-    return report_json(report), report_text(report)
-
-
-def bench_vllm(quick: bool) -> tuple[dict, str]:
-    from minillm.papers.vllm_report import Options, report_json, report_text, reproduce
-
-    report = reproduce(Options())  # quick or not: the default sample (200 requests, about 30 s)
-    return report_json(report), report_text(report)
-
-
-def bench_orca(quick: bool) -> tuple[dict, str]:
-    from minillm.papers.orca import Options
-    from minillm.papers.orca_report import report_json, report_text, reproduce
-
-    report = reproduce(Options())  # quick or not: the default sample (400 requests, about 30 s)
-    return report_json(report), report_text(report)
-
-
-def bench_sglang(quick: bool) -> tuple[dict, str]:
-    from minillm.papers.sglang import Options
-    from minillm.papers.sglang_report import report_json, report_text, reproduce
-
-    report = reproduce(Options())  # quick or not: the benchmarks' own programs (about 20 s)
-    return report_json(report), report_text(report)
+    return default_report("anyscale", Options(requests=QUICK_REQUESTS) if quick else None)
 
 
 def bench_distserve(quick: bool) -> tuple[dict, str]:
@@ -60,6 +42,8 @@ def bench_distserve(quick: bool) -> tuple[dict, str]:
     data["headlines"] = [h for app in apps for h in data["apps"][app]["headlines"]]
     return data, "\n\n".join(report_text(r) for r in reports)
 
+
+bench_orca, bench_sarathi, bench_sglang, bench_vllm = (at_defaults(p) for p in ("orca", "sarathi", "sglang", "vllm"))
 
 PAPERS = {
     "anyscale": bench_anyscale,

@@ -93,13 +93,9 @@ class VllmPeer:
                 return json.loads(line)
         raise RuntimeError(f"vLLM's driver ended without an answer (exit {self.process.wait()})")
 
-    def run(self) -> dict:
-        self.process.stdin.write("serve\n")
-        self.process.stdin.flush()
-        return self.answer()
-
-    def profile(self) -> dict:
-        self.process.stdin.write("profile\n")
+    def ask(self, command: str) -> dict:
+        """One of the driver's commands: "serve" (a timed run) or "profile" (a run under the profiler)."""
+        self.process.stdin.write(f"{command}\n")
         self.process.stdin.flush()
         return self.answer()
 
@@ -168,9 +164,9 @@ def take_turns(model: Transformer, python: str, export: str, seats: int, mode: s
         ours, theirs = [], []
         for _ in range(repeats):
             ours.append(minillm_run(model, seats, crowd))
-            theirs.append(peer.run())
+            theirs.append(peer.ask("serve"))
         ours_profiled = minillm_profiled(lambda around: minillm_run(model, seats, crowd, around))
-        profiled = profile_pair(ours_profiled, peer.profile())
+        profiled = profile_pair(ours_profiled, peer.ask("profile"))
     finally:
         peer.close()
     cut = lambda reply: reply[:-1] if reply and reply[-1] == EOS else reply  # (minillm's replies hold no EOS)

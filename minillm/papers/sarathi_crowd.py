@@ -9,7 +9,10 @@ from __future__ import annotations
 
 import bisect
 import random
+import statistics
 from dataclasses import dataclass
+
+import numpy as np
 
 from minillm.papers.sarathi_setup import QUANTILES, Trace
 
@@ -54,17 +57,9 @@ def draw_crowd(trace: Trace, requests: int, seed: int = 0) -> Crowd:
 
 
 def median(values) -> float:
-    ordered = sorted(values)
-    n = len(ordered)
-    return (ordered[(n - 1) // 2] + ordered[n // 2]) / 2 if n else 0.0
+    return float(statistics.median(values)) if len(values) else 0.0
 
 
 def percentile(values, q: float) -> float:
-    """numpy's default (linear) percentile, without numpy."""
-    ordered = sorted(values)
-    if not ordered:
-        return 0.0
-    at = (len(ordered) - 1) * q / 100
-    lo = int(at)
-    hi = min(lo + 1, len(ordered) - 1)
-    return ordered[lo] + (ordered[hi] - ordered[lo]) * (at - lo)
+    """numpy's (linear) percentile; 0 of nothing."""
+    return float(np.percentile(values, q)) if len(values) else 0.0
