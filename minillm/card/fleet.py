@@ -135,7 +135,14 @@ class Fleet:
         roles = ["prefill"] * prefill + ["decode"] * (cards - prefill) if prefill else ["replica"] * cards
         self.engines = [simulated_engine(spec, device, typical, dtype, kv_dtype, block_size, token_budget, slots,
                                          meta={"role": role, "engine": i}) for i, role in enumerate(roles)]  # fmt: skip
-        self.run = FleetRun(spec.name, device.name, prefill, roles, route, self.link, self.engines, self.crowd)
+        self.start(roles, device.name)
+
+    def start(self, roles: list[str], gpu: str) -> None:
+        """The time line's state over self.engines, one role each (built above, or handed over ready-made:
+        papers/distserve_fleet.py)."""
+        cards = len(self.engines)
+        self.run = FleetRun(self.spec.name, gpu, roles.count("prefill"), roles, self.route, self.link, self.engines,
+                            self.crowd)  # fmt: skip
         self.entry = [i for i, role in enumerate(roles) if role != "decode"]  # where arrivals go
         self.decoders = [i for i, role in enumerate(roles) if role == "decode"]
         self.ready = [math.inf] * cards  # when each engine can step next (inf: nothing to do, or blocked)

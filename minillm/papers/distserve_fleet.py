@@ -11,9 +11,7 @@ the engines are built here (distserve_systems.py) and handed to the same time li
 
 from __future__ import annotations
 
-import math
-
-from minillm.card.fleet import Fleet, FleetRun, fresh
+from minillm.card.fleet import Fleet, fresh
 from minillm.card.hardware import Link
 from minillm.card.modelspec import ModelSpec
 from minillm.engine.engine import Engine
@@ -26,19 +24,11 @@ class PlacedFleet(Fleet):
 
     def __init__(self, spec: ModelSpec, link: Link, requests: list[Request], prefill: list[Engine],
                  decode: list[Engine], kv_dtype: str = "fp16"):  # fmt: skip
-        # (what Fleet.__init__ sets, with these engines: its methods read nothing else)
+        # (Fleet.__init__ builds its engines alike; these are given: the rest of its state is Fleet.start's)
         self.spec, self.kv_dtype, self.route, self.link = spec, kv_dtype, "least-loaded", link
         self.crowd = sorted((fresh(r) for r in requests), key=lambda r: r.arrival_s)
         self.engines = [*prefill, *decode]
         roles = ["prefill"] * len(prefill) + ["decode"] * len(decode)
         for i, (engine, role) in enumerate(zip(self.engines, roles)):
             engine.meta.update(role=role, engine=i)
-        gpu = prefill[0].runner.card.name
-        self.run = FleetRun(spec.name, gpu, len(prefill), roles, self.route, link, self.engines, self.crowd)
-        self.entry = list(range(len(prefill)))
-        self.decoders = list(range(len(prefill), len(self.engines)))
-        self.ready = [math.inf] * len(self.engines)
-        self.free_at = [0.0] * len(self.engines)
-        self.incoming = [0] * len(self.engines)
-        self.landings = []
-        self.turn = -1
+        self.start(roles, prefill[0].runner.card.name)
