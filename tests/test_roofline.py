@@ -119,7 +119,7 @@ def test_ridge_intensity_is_peak_over_bandwidth():
 
 # --- the cards ----------------------------------------------------------------------------------------
 DENSE_BF16_TFLOPS = {"rtx-3090": 71, "rtx-4090": 165.2, "l4": 121, "a100-80gb-sxm": 312, "h100-sxm": 989.4,
-                     "h200": 989.4, "apple-m2-ultra": 27.2}  # fmt: skip
+                     "h200": 989.4, "apple-m2-ultra": 27.2, "dgx-spark": 62.5}  # fmt: skip
 
 
 @pytest.mark.parametrize("name", sorted(DENSE_BF16_TFLOPS))

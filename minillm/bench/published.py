@@ -23,15 +23,17 @@ Sources (the same names are in BENCHMARKS.md, written from this table):
 - VLLM_CUSTOM_AR: github.com/vllm-project/vllm, PR #2192 "Custom all reduce kernels" (Dec 2023), latency table
   (benchmarks/benchmark_latency.py --input-len 256 --output-len 256 --batch-size 64 -tp 4): Llama 70B (Llama-2-70b,
   fp16) on A100-80G, seconds for the whole batch, with the PR's all-reduce.
-- Mixtures of experts (Mixtral 8x7B at TP 2, TensorRT-LLM v0.9.0; gpt-oss-20b and Qwen3-30B-A3B in llama.cpp):
-  published_moe.py, with their sources (`python -m minillm.bench.published --moe` prints those rows alone).
+- Mixtures of experts (Mixtral 8x7B at TP 2, TensorRT-LLM v0.9.0; gpt-oss-20b and -120b and Qwen3-30B-A3B in
+  llama.cpp on an RTX 4090 and a DGX Spark, one stream at depths to 32k and batches of 1-32 streams, with a dense
+  control on the Spark): published_moe.py, with their sources (`python -m minillm.bench.published --moe` prints the
+  mixtures' rows alone).
 """
 
 from __future__ import annotations
 
 from dataclasses import dataclass
 
-from minillm.bench.published_moe import explain_moe, moe_figures
+from minillm.bench.published_moe import explain_moe, explain_streams, moe_figures
 from minillm.card.modelspec import load_spec, spec_from_config
 
 LLAMA_CPP = "llama.cpp (XiongjieDai/GPU-Benchmarks-on-LLM-Inference, LLaMA 3 table, May 2024)"
@@ -66,6 +68,9 @@ class Figure:
     source: str
     label: str
     tp: int = 1  # cards the model is split over (tensor parallelism), joined by the card's own link
+    # True: the figure times only the tokens generated after the prompt (llama-bench's "tg N @ d K" after K tokens of
+    # context, llama-batched-bench's S_TG after its batch's prompts), not the prompt's own step
+    after_prompt: bool = False
 
 
 def _figures() -> list[Figure]:
@@ -137,7 +142,12 @@ def simulate(f: Figure) -> dict:
     trace = run_workload(runner, "azure-conv", "static", slots=f.batch, knobs=knobs, token_budget=0)
     s = summarize(trace)
     prefill_s = sum(st.wall_s for st in trace.steps if st.prefill_tokens)
-    return {"summary": s, "prefill_share": prefill_s / s["wall_s"], "preemptions": s["preemptions"]}
+    return {
+        "summary": s,
+        "prefill_share": prefill_s / s["wall_s"],
+        "preemptions": s["preemptions"],
+        "decode_s": s["wall_s"] - prefill_s,
+    }
 
 
 def predict(f: Figure) -> tuple[float, dict]:
@@ -148,6 +158,8 @@ def predict(f: Figure) -> tuple[float, dict]:
         value = 1e3 * s["ttft_p50_s"] if f.unit == "ms" else f.prompt / s["ttft_p50_s"]
     elif f.unit == "s":
         value = s["wall_s"]
+    elif f.after_prompt:  # each prompt's step made its first token: the rest came from the decode steps
+        value = (s["output_tokens"] - f.batch) / run["decode_s"]
     else:
         value = s["output_tokens"] / s["wall_s"] / (f.tp if f.unit == "tokens/s per GPU" else 1)
     return value, run
@@ -164,6 +176,8 @@ def explain(f: Figure, predicted: float, run: dict) -> str:
     faster = predicted > f.reported if f.unit in RATES else predicted < f.reported
     ratio = predicted / f.reported if f.unit in RATES else f.reported / predicted
     verdict = "" if abs(ratio - 1) < GOALS[f.kind] else f"; predicted {'faster' if faster else 'slower'}"
+    if f.after_prompt and f.kind == "batched":
+        return explain_streams(f, spec, predicted, verdict)
     if spec.experts:
         return explain_moe(f, spec, predicted, run, verdict)
     if f.kind.startswith("tp"):
@@ -191,8 +205,9 @@ def explain(f: Figure, predicted: float, run: dict) -> str:
                     f"reads {group}x)")  # fmt: skip
         return why
     if f.kind == "decode":
-        step = engine_step(spec, card, [(1, f.reply // 2)], f.dtype, f.kv_dtype)
-        moved = _one_token_weights(spec, f.dtype) + roofline.kv_bytes_per_token(spec, f.kv_dtype) * f.reply // 2
+        context = f.prompt + f.reply // 2 if f.after_prompt else f.reply // 2
+        step = engine_step(spec, card, [(1, context)], f.dtype, f.kv_dtype)
+        moved = _one_token_weights(spec, f.dtype) + roofline.kv_bytes_per_token(spec, f.kv_dtype) * context
         share = moved * f.reported / card.bandwidth
         return (f"memory-bound ({step.time_s * 1e3:.1f} ms a token): the published speed moves {share:.0%} of the "
                 f"datasheet bandwidth, the model assumes {card.efficiency:.0%}")  # fmt: skip

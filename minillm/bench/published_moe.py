@@ -17,6 +17,15 @@ Sources (each row names its own):
   as int4 (4.125 bits, lm_head bf16), which counts 13% more bytes a token than the file holds: a faithful price would
   predict that much faster still.
 
+- LLAMA_CPP_SPARK: github.com/ggml-org/llama.cpp, benches/dgx-spark.md (build 2f68ce7cf (6918), Nov 2025; the data of
+  discussion #16578): an NVIDIA DGX Spark, flash attention on, f16 KV cache (the default). llama-bench "tg32 @ d K":
+  32 tokens generated one at a time after K tokens of context, timed without the context's fill; llama-batched-bench
+  "S_TG" (PP 512, TG 32, B): B streams, each after its own 512-token prompt, generating 32 tokens together, timed
+  without the prompts. ggml-org's GGUFs: gpt-oss-20b and -120b in the mxfp4-q8 layout (model_bytes.py: 11.25 and
+  58.91 GiB against the listed 11.27 and 59.02), Qwen3-Coder-30B-A3B-Instruct in Q8_0 (Qwen3-30B-A3B's shapes: 30.25
+  GiB listed, 30.21 here) and, as the same card's dense control, Qwen2.5-Coder-7B in Q8_0 (Qwen2.5-7B's shapes; 7.54 GiB
+  both).
+
 Not found with stated conditions and a priceable split: DeepSeek-V3/R1 (latent attention) figures, all on 8 cards
 with expert parallelism, data-parallel attention or multi-token prediction (TensorRT-LLM's DeepSeek-R1 guide on H200:
 --ep 8 and attention DP for throughput, MTP at batch 1), none of which the cost model prices.
@@ -26,6 +35,18 @@ from __future__ import annotations
 
 TRT_LLM_V09 = "TensorRT-LLM docs/source/performance.md (v0.9.0 static-batch throughput)"
 LLAMA_CPP_MOE = "llama.cpp PR #16834 (llama-bench, RTX 4090, Oct 2025)"
+LLAMA_CPP_SPARK = "llama.cpp benches/dgx-spark.md (llama-bench, llama-batched-bench, DGX Spark, Nov 2025)"
+# model: its file's layout, tg32 tokens/s at each depth, S_TG tokens/s for each batch of streams (PP 512)
+SPARK = {
+    "gpt-oss-20b": ("mxfp4-q8", {0: 84.10, 4096: 77.36, 8192: 74.00, 16384: 68.85, 32768: 59.85},
+                    {1: 81.11, 2: 95.00, 4: 151.90, 8: 254.09, 16: 400.94, 32: 614.82}),
+    "gpt-oss-120b": ("mxfp4-q8", {0: 59.02, 4096: 53.95, 8192: 51.85, 16384: 48.03, 32768: 41.35},
+                     {1: 57.28, 2: 60.35, 4: 95.08, 8: 146.65, 16: 220.02, 32: 312.56}),
+    "qwen3-30b-a3b": ("q8_0", {0: 60.92, 4096: 53.52, 8192: 48.58, 16384: 40.81, 32768: 30.80},
+                      {1: 57.63, 2: 64.11, 4: 102.01, 8: 154.91, 16: 232.98, 32: 345.01}),
+    "qwen2.5-7b": ("q8_0", {0: 29.30, 4096: 28.27, 8192: 27.42, 16384: 25.93, 32768: 22.70},
+                   {1: 29.24, 2: 54.46, 4: 104.33, 8: 195.67, 16: 335.01, 32: 593.27}),
+}  # fmt: skip
 
 
 def moe_figures(figure) -> list:
@@ -47,6 +68,21 @@ def moe_figures(figure) -> list:
         for n, reported in speeds:
             rows.append(figure("decode", "rtx-4090", model, dtype, "fp16", 1, 1, n, reported, "tokens/s",
                                LLAMA_CPP_MOE, f"tg {n}"))  # fmt: skip
+    return rows + spark_figures(figure)
+
+
+def spark_figures(figure) -> list:
+    """The DGX Spark's rows: one stream at each depth, then batches of streams (33 planned: the prompt's step makes
+    the first token, 32 more are timed)."""
+    rows = []
+    for model, (dtype, depths, batches) in SPARK.items():
+        for depth, reported in depths.items():
+            rows.append(figure("decode", "dgx-spark", model, dtype, "fp16", 1, max(depth, 1), 33, reported, "tokens/s",
+                               LLAMA_CPP_SPARK, f"tg32 @ d{depth}", after_prompt=True))  # fmt: skip
+        for batch, reported in batches.items():
+            kind = "decode" if batch == 1 else "batched"
+            rows.append(figure(kind, "dgx-spark", model, dtype, "fp16", batch, 512, 33, reported, "tokens/s",
+                               LLAMA_CPP_SPARK, f"B {batch}, PP 512, TG 32 (S_TG)", after_prompt=True))  # fmt: skip
     return rows
 
 
@@ -62,9 +98,10 @@ def explain_moe(f, spec, predicted: float, run: dict, verdict: str) -> str:
 
     card = DEVICES[f.gpu]
     if f.kind == "decode":
-        step = engine_step(spec, card, [(1, f.reply // 2)], f.dtype, f.kv_dtype)
+        context = f.prompt + f.reply // 2 if f.after_prompt else f.reply // 2
+        step = engine_step(spec, card, [(1, context)], f.dtype, f.kv_dtype)
         # what a step streams: the experts one token picked and the rest, less the embedding table (looked up)
-        moved = touched_weight_bytes(spec, f.dtype, 1) + roofline.kv_bytes_per_token(spec, f.kv_dtype) * f.reply // 2
+        moved = touched_weight_bytes(spec, f.dtype, 1) + roofline.kv_bytes_per_token(spec, f.kv_dtype) * context
         share = moved * f.reported / card.bandwidth
         extra = 1 / f.reported - step.time_s  # seconds a token the model does not count
         launches = extra / card.launch_s
@@ -94,3 +131,35 @@ def explain_moe(f, spec, predicted: float, run: dict, verdict: str) -> str:
             f"both cards' total it is {per_gpu:.0f} per GPU, {per_gpu / predicted - 1:+.0%} from the prediction"
         )
     return why + verdict
+
+
+def explain_streams(f, spec, predicted: float, verdict: str) -> str:
+    """One line for streams decoding together after their prompts (llama-batched-bench's S_TG): what a step of them
+    moves and the share of the bandwidth the published speed implies; for a mixture of experts, the experts a layer
+    random routing touches against those the published step time leaves room to stream."""
+    from minillm.card import roofline
+    from minillm.card.experts import expected_experts, expert_slot_bytes
+    from minillm.card.hardware import DEVICES
+    from minillm.card.model_bytes import expert_weight_bytes
+
+    card = DEVICES[f.gpu]
+    step = roofline.step_cost(spec, card, [(1, f.prompt + f.reply // 2)] * f.batch, f.dtype, f.kv_dtype)
+    moved = step.weight_bytes + step.kv_read_bytes + step.kv_write_bytes + step.activation_bytes
+    published_s = f.batch / f.reported  # one step of the batch: one token for each stream
+    why = (f"a step of {f.batch} streams moves {moved / 1e9:.2f} GB ({step.bound}-bound, {step.time_s * 1e3:.1f} ms): "
+           f"the published speed moves it at {moved / published_s / card.bandwidth:.0%} of the datasheet bandwidth, "
+           f"the model assumes {card.efficiency:.0%}")  # fmt: skip
+    if not spec.experts:
+        return why + verdict
+    touched = expected_experts(spec.experts, spec.experts_per_token, f.batch)
+    slot = expert_slot_bytes(spec, expert_weight_bytes(f.dtype), 2)  # one expert, every MoE layer
+    rest = moved - touched * slot  # everything but the routed experts
+    room = (published_s * card.bandwidth * card.efficiency - rest) / slot  # experts a layer the published time streams
+    reading = (
+        "about what random routing touches" if abs(room / touched - 1) < 0.1
+        else "fewer than random routing touches: the router sends these tokens to a smaller set" if room < touched
+        else "more than random routing touches: kernel time the model does not count"
+    )  # fmt: skip
+    return (f"{why}; random routing touches {touched:.1f} of the {spec.experts} experts a layer (E(1 - (1 - k/E)^B), "
+            f"k = {spec.experts_per_token}), the published step time streams {room:.1f} at the model's share of the "
+            f"bandwidth: {reading}{verdict}")  # fmt: skip

@@ -159,6 +159,12 @@ DEVICES: dict[str, Device] = {
         # and fp16/bf16 run at that same rate (derived; Apple publishes no TFLOPS figure). macOS lets the
         # GPU use about 75% of unified memory (Metal's recommendedMaxWorkingSetSize), so we count 144 GiB.
         _card("apple-m2-ultra", "Apple M2 Ultra (76-core GPU, 192 GB unified)", 144, 800, fp32=27.2, bf16=27.2),
+        # NVIDIA DGX Spark (GB10 Grace Blackwell): the product page's 128 GB of LPDDR5x unified memory at 273 GB/s and
+        # "up to 1 petaFLOP of FP4 AI performance" (with sparsity: its footnote); about 31 TFLOPS of FP32 (NVIDIA at Hot
+        # Chips 2025, as The Register reported it). Dense bf16 with fp32 accumulate is published nowhere: derived as
+        # the RTX Blackwell whitepaper's ratio for the RTX 5090 (3,352 sparse FP4 TOPS to 209.5 dense bf16 TFLOPS,
+        # 16:1), 1,000 / 16 = 62.5. The GPU shares the 128 GB with the CPU and its system; all of it is counted here.
+        _card("dgx-spark", "NVIDIA DGX Spark (GB10 Blackwell, 128 GB LPDDR5x unified)", 128, 273, fp32=31.0, bf16=62.5),
     )
 }
 

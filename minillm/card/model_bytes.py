@@ -15,8 +15,12 @@ from minillm.errors import ConfigError
 # Bytes per weight of the layers' matrices. int4: 4 bits plus one fp16 scale per group of 128 weights (AWQ / GPTQ's
 # layout). The mxfp4 layouts store the routed experts in a format of their own (EXPERT_BYTES): their entry here is
 # everything else's, the embedding table and lm_head included.
+# q8_0: llama.cpp's Q8_0 (32 8-bit values and one fp16 scale: 8.5 bits a weight), every matrix and table in it, as
+# llama.cpp's converter writes a Q8_0 file (llama-bench lists Qwen2.5-Coder-7B's at 7.54 GiB; this gives 7.55).
 WEIGHT_BYTES = {"fp32": 4.0, "bf16": 2.0, "fp16": 2.0, "fp8": 1.0, "int4": 0.5 + 2 / 128, "mxfp4": 2.0,
-                "mxfp4-q8": 1 + 2 / 32}  # fmt: skip
+                "mxfp4-q8": 1 + 2 / 32, "q8_0": 1 + 2 / 32}  # fmt: skip
+# The layouts of llama.cpp's files, whose embedding table and lm_head are in their matrices' format too.
+GGUF_TABLES = ("mxfp4-q8", "q8_0")
 # Bytes per routed-expert weight where the experts have a format of their own. MXFP4 (OCP Microscaling Formats v1.0):
 # 32 4-bit values share one 8-bit scale, 4.25 bits a weight.
 # - mxfp4: OpenAI's gpt-oss checkpoints (config.json quantization_config: quant_method mxfp4; modules_to_not_convert:
@@ -41,9 +45,9 @@ def expert_weight_bytes(dtype: str) -> float:
 
 
 def table_bytes(dtype: str) -> float:
-    """Bytes per weight of the embedding table and lm_head: 16-bit (fp32 in fp32) unless an mxfp4 layout stores them
-    in its other matrices' format."""
-    return WEIGHT_BYTES[dtype] if dtype in EXPERT_BYTES else 4 if dtype == "fp32" else 2
+    """Bytes per weight of the embedding table and lm_head: 16-bit (fp32 in fp32) unless a llama.cpp layout stores
+    them in its matrices' format."""
+    return WEIGHT_BYTES[dtype] if dtype in GGUF_TABLES else 4 if dtype == "fp32" else 2
 
 
 def weight_bytes(spec: ModelSpec, dtype: str = "bf16") -> float:

@@ -101,11 +101,11 @@ class StepCost:
 
 def compute_dtype(dtype: str, device: Device) -> str:
     """The dtype the matmuls run in: fp8 needs fp8 tensor cores (Ada, Hopper), else the weights are
-    widened to bf16 in the kernel; int4 is always weight-only (dequantized to fp16 on the fly), and so are the mxfp4
-    layouts (their experts dequantized to bf16, as gpt-oss's activations are)."""
+    widened to bf16 in the kernel; int4 and q8_0 are always weight-only (dequantized to fp16 on the fly), and so are
+    the mxfp4 layouts (their experts dequantized to bf16, as gpt-oss's activations are)."""
     if dtype == "fp8":
         return "fp8" if device.has("fp8") else "bf16"
-    return "fp16" if dtype == "int4" else "bf16" if dtype in EXPERT_BYTES else dtype
+    return "fp16" if dtype in ("int4", "q8_0") else "bf16" if dtype in EXPERT_BYTES else dtype
 
 
 class PerModel(NamedTuple):
