@@ -33,7 +33,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from minillm.bench.published_moe import explain_moe, explain_streams, moe_figures
+from minillm.bench.published_moe import MOE_SOURCES, explain_moe, explain_streams, moe_figures
 from minillm.card.modelspec import load_spec, spec_from_config
 
 LLAMA_CPP = "llama.cpp (XiongjieDai/GPU-Benchmarks-on-LLM-Inference, LLaMA 3 table, May 2024)"
@@ -257,13 +257,13 @@ def bench_published(model, s) -> dict:
 
 def main(argv: list[str] | None = None) -> None:
     """Print the published figures beside their predictions, as a markdown table (`--moe`: the mixtures of experts'
-    rows alone): bench --only roofline's table, without the rest of the bench."""
+    rows alone, with the dense control measured beside them): bench --only roofline's table, without the rest."""
     import argparse
 
     parser = argparse.ArgumentParser(description="published figures against run --simulate's predictions")
-    parser.add_argument("--moe", action="store_true", help="only the mixtures of experts' rows")
+    parser.add_argument("--moe", action="store_true", help="only the mixtures of experts' sources' rows")
     moe = parser.parse_args(argv).moe
-    rows = [f for f in FIGURES if bool(spec_of(f.model).experts) or not moe]
+    rows = [f for f in FIGURES if f.source in MOE_SOURCES or not moe]
     print("| kind | card | model | dtype (KV) | run | published | predicted | error | goal | why |")
     print("|---|---|---|---|---|---|---|---|---|---|")
     met = 0

@@ -36,6 +36,7 @@ from __future__ import annotations
 TRT_LLM_V09 = "TensorRT-LLM docs/source/performance.md (v0.9.0 static-batch throughput)"
 LLAMA_CPP_MOE = "llama.cpp PR #16834 (llama-bench, RTX 4090, Oct 2025)"
 LLAMA_CPP_SPARK = "llama.cpp benches/dgx-spark.md (llama-bench, llama-batched-bench, DGX Spark, Nov 2025)"
+MOE_SOURCES = (TRT_LLM_V09, LLAMA_CPP_MOE, LLAMA_CPP_SPARK)
 # model: its file's layout, tg32 tokens/s at each depth, S_TG tokens/s for each batch of streams (PP 512)
 SPARK = {
     "gpt-oss-20b": ("mxfp4-q8", {0: 84.10, 4096: 77.36, 8192: 74.00, 16384: 68.85, 32768: 59.85},
