@@ -21,8 +21,9 @@ from minillm.grammar.regex import MAX_NESTING, RegexError
 from minillm.serving.openai_protocol import ApiError
 from minillm.serving.openai_structured import automaton, pattern_of
 
-SECONDS = 2.0  # of this process's CPU time (each case takes well under a second alone; CPU time, not the wall clock,
-# so that other processes on a loaded 2-core machine do not count)
+SECONDS = 3.0  # of this process's CPU time (each case takes well under a second alone; CPU time, not the wall clock,
+# so that other processes on a loaded 2-core machine do not count; they still slow it: the slowest, 0.6 s alone,
+# took 2.0 s of CPU once beside the suite, app servers and a browser; unbounded, it took 116 s)
 MEGABYTES = 64
 
 
