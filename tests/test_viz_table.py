@@ -21,6 +21,8 @@ from viz.colors import STATE_CODES
 from viz.html import replies_html, token_budget_html
 from viz.table import build_table
 
+pytestmark = pytest.mark.xdist_group("test_viz_table")  # (one worker builds its module fixtures: pyproject.toml)
+
 
 @pytest.fixture(scope="module")
 def runs(shipped_model):
@@ -89,11 +91,15 @@ def test_the_tables_columns_are_the_records(runs, name):
 
 def test_the_runs_show_what_they_are_meant_to(runs):
     """Each run has what its table is checked on: held seats, guesses, shared blocks, no block map, masks."""
-    statuses = lambda name: {build_table(runs[name]).status_name(i, t) for i in range(8) for t in (100, 400)}
-    assert "held" in statuses("static") and "held" not in statuses("continuous")
+
+    def statuses(name: str, requests: int, steps) -> set[str]:
+        table = build_table(runs[name])  # (once: a comprehension would build it again for every cell)
+        return {table.status_name(i, t) for i in range(requests) for t in steps}
+
+    assert "held" in statuses("static", 8, (100, 400)) and "held" not in statuses("continuous", 8, (100, 400))
     assert build_table(runs["speculating"]).guesses
     assert build_table(runs["prefix caching"]).summary["prefix_hit_rate"] > 0
-    assert "preempted" in {build_table(runs["preempting"]).status_name(i, t) for i in range(10) for t in range(300)}
+    assert "preempted" in statuses("preempting", 10, range(300))
     assert not build_table(runs["simulated"]).has_block_map
     held = build_table(runs["constrained"])
     assert held.constrained == {r.id for r in runs["constrained"].requests[1::2]}
