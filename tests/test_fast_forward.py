@@ -20,8 +20,6 @@ from minillm.model.transformer import Transformer
 from minillm.runs.run import workload_engine
 from minillm.runs.workload import ChatKnobs, make_workload
 
-pytestmark = pytest.mark.xdist_group("test_fast_forward")  # (one worker builds its module fixtures: pyproject.toml)
-
 needs_onednn = pytest.mark.skipif(not torch.backends.mkldnn.is_available(), reason="this torch build has no oneDNN")
 CROWD = ChatKnobs(requests=24, rate=1000)
 

@@ -21,8 +21,6 @@ from minillm.model.tokenizer import EOS, decode, encode_prompt
 from minillm.model.transformer import Transformer
 from minillm.serving.server import ServerThread, build_loop
 
-pytestmark = pytest.mark.xdist_group("test_openai_api")  # (one worker builds its module fixtures: pyproject.toml)
-
 MAX_BODY = 1_000_000  # a server refuses bigger bodies by default (--max-body-bytes)
 
 

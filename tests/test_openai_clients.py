@@ -14,8 +14,6 @@ from minillm.layers import generate
 from minillm.model.tokenizer import BOS, VOCAB_SIZE, decode, encode, encode_prompt
 from minillm.serving.openai_output import token_text
 
-pytestmark = pytest.mark.xdist_group("test_openai_clients")  # (one worker builds its module fixtures: pyproject.toml)
-
 GUIDELLM = {"include_usage": True, "continuous_usage_stats": True}  # what guidellm 0.8.1 sends, always
 
 

@@ -19,8 +19,6 @@ from minillm.serving.router import Router
 from minillm.serving.server import ServerThread, build_loop
 from minillm.serving.token_stream import Event, TokenStream
 
-pytestmark = pytest.mark.xdist_group("test_priority_server")  # (one worker builds its module fixtures: pyproject.toml)
-
 openai = pytest.importorskip("openai")
 
 LOW, HIGH = 5, 0

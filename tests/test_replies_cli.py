@@ -13,8 +13,6 @@ from minillm.__main__ import main
 from minillm.layers.replies import MAX_REPLIES
 from minillm.serving.loadgen import Job, Outcome, request_body, summarize_load
 
-pytestmark = pytest.mark.xdist_group("test_replies_cli")  # (one worker builds its module fixtures: pyproject.toml)
-
 CHAT = ["run", "--workload", "chat", "--requests", "4", "--rate", "1000"]
 
 

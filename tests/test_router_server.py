@@ -28,8 +28,6 @@ from minillm.runs.metrics import prefix_cache_figures
 from minillm.serving.server import ServerThread, build_fleet
 from minillm.training import tasks
 
-pytestmark = pytest.mark.xdist_group("test_router_server")  # (one worker builds its module fixtures: pyproject.toml)
-
 SYSTEM = tasks.PREAMBLES["workshop"]  # 425 tokens with its prompt: 26 full blocks of 16
 
 

@@ -30,8 +30,6 @@ from minillm.serving.server import ServerThread, build_loop
 from minillm.serving.token_stream import TokenStream
 from minillm.training import tasks
 
-pytestmark = pytest.mark.xdist_group("test_server")  # (one worker builds its module fixtures: pyproject.toml)
-
 LONG = {"ignore_eos": True, "max_tokens": 900}  # a reply that runs for seconds: long enough to hang up on
 
 

@@ -29,10 +29,6 @@ from minillm.serving.openai_protocol import ApiError
 from minillm.serving.openai_structured import automaton, pattern_of
 from minillm.serving.server import ServerThread, build_loop
 
-pytestmark = pytest.mark.xdist_group(
-    "test_structured_output_server"
-)  # (one worker builds its module fixtures: pyproject.toml)
-
 WORD = {
     "type": "object",
     "properties": {

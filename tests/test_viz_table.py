@@ -21,8 +21,6 @@ from viz.colors import STATE_CODES
 from viz.html import replies_html, token_budget_html
 from viz.table import build_table
 
-pytestmark = pytest.mark.xdist_group("test_viz_table")  # (one worker builds its module fixtures: pyproject.toml)
-
 
 @pytest.fixture(scope="module")
 def runs(shipped_model):
