@@ -25,8 +25,8 @@ Sources (the same names are in BENCHMARKS.md, written from this table):
   fp16) on A100-80G, seconds for the whole batch, with the PR's all-reduce.
 - Mixtures of experts (Mixtral 8x7B at TP 2, TensorRT-LLM v0.9.0; gpt-oss-20b and -120b and Qwen3-30B-A3B in
   llama.cpp on an RTX 4090 and a DGX Spark, one stream at depths to 32k and batches of 1-32 streams, with a dense
-  control on the Spark): published_moe.py, with their sources (`python -m minillm.bench.published --moe` prints the
-  mixtures' rows alone).
+  control on the Spark): published_moe.py, with their sources (`python -m minillm.bench.published --moe` prints those
+  sources' rows alone).
 """
 
 from __future__ import annotations

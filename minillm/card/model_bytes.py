@@ -16,7 +16,7 @@ from minillm.errors import ConfigError
 # layout). The mxfp4 layouts store the routed experts in a format of their own (EXPERT_BYTES): their entry here is
 # everything else's, the embedding table and lm_head included.
 # q8_0: llama.cpp's Q8_0 (32 8-bit values and one fp16 scale: 8.5 bits a weight), every matrix and table in it, as
-# llama.cpp's converter writes a Q8_0 file (llama-bench lists Qwen2.5-Coder-7B's at 7.54 GiB; this gives 7.55).
+# llama.cpp's converter writes a Q8_0 file (llama-bench lists Qwen2.5-Coder-7B's at 7.54 GiB; this gives 7.54).
 WEIGHT_BYTES = {"fp32": 4.0, "bf16": 2.0, "fp16": 2.0, "fp8": 1.0, "int4": 0.5 + 2 / 128, "mxfp4": 2.0,
                 "mxfp4-q8": 1 + 2 / 32, "q8_0": 1 + 2 / 32}  # fmt: skip
 # The layouts of llama.cpp's files, whose embedding table and lm_head are in their matrices' format too.
