@@ -545,7 +545,11 @@ def test_what_if_splits_the_model_over_cards_and_prices_the_link():
 
 @pytest.mark.parametrize(
     "card, model, dtype",
-    [("l4", "mistral-7b", "fp8"), ("apple-m2-ultra", "llama-3.1-70b", "int4")],
+    [
+        ("l4", "mistral-7b", "fp8"),
+        ("apple-m2-ultra", "llama-3.1-70b", "int4"),
+        ("dgx-spark", "gpt-oss-120b", "mxfp4-q8"),  # a mixture of experts in llama.cpp's file (BENCHMARKS section 11)
+    ],
 )
 def test_what_if_renders_other_cards_and_models(card, model, dtype):
     at = open_app(view="what-if", wi_card=card, wi_model=model, wi_dtype=dtype, wi_context=1024, **SMALL_CROWD)
