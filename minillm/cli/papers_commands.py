@@ -17,15 +17,12 @@ PAPER_PARSERS: tuple[str, ...] = (
 
 
 def cmd_anyscale(args: argparse.Namespace) -> None:
-    import json
-
+    from minillm.cli.paper_report import print_report
     from minillm.papers.anyscale import Options
-    from minillm.papers.anyscale_report import report_json, report_text, reproduce
 
     options = Options(tuple(args.max_tokens), args.requests, tuple(args.system), args.seed, args.mechanism_only,
                       args.static_batch)  # fmt: skip
-    report = reproduce(options)
-    print(json.dumps(report_json(report)) if args.json else report_text(report))
+    print_report("anyscale", options, args.json)
 
 
 def seats(text: str) -> int | str:
@@ -57,11 +54,11 @@ def add_commands(sub) -> None:
                    help="every system priced as a serving engine, without the costs its code and the benchmark's "
                    "harness add, every reply its own length: the batching mechanism alone")  # fmt: skip
     a.add_argument("--seed", type=int, default=0, help="the reply lengths' seed")
-    a.add_argument("--json", action="store_true", help="print one JSON object instead of the report")
     a.set_defaults(func=cmd_anyscale)
     for name in PAPER_PARSERS:
         importlib.import_module(f"minillm.cli.{name}").add_parser(papers)
-    for paper in papers.choices.values():  # every paper's runs can be saved for the step player
+    for paper in papers.choices.values():  # every paper speaks JSON, and its runs can be saved for the step player
+        paper.add_argument("--json", action="store_true", help="print one JSON object instead of the report")
         paper.add_argument("--save-traces", metavar="FOLDER", default=None,
                            help="write every run's trace there (NAME.json) for the app's step player (\"replay a "
                            "saved trace\"); every step is recorded: sample the crowd (e.g. --requests 40)")  # fmt: skip

@@ -7,16 +7,13 @@ import argparse
 
 
 def cmd_distserve(args: argparse.Namespace) -> None:
-    import json
-
+    from minillm.cli.paper_report import print_report
     from minillm.papers.distserve import Options
-    from minillm.papers.distserve_report import report_json, report_text, reproduce
 
     options = Options(args.app, args.model, args.slo_scale, args.requests, args.seed,
                       tuple(args.system) if args.system else None, args.prices, args.vllm_tp, args.prefill_tp,
                       args.decode_tp, args.prefill, args.decode, args.trace, args.attainment)  # fmt: skip
-    report = reproduce(options)
-    print(json.dumps(report_json(report)) if args.json else report_text(report))
+    print_report("distserve", options, args.json)
 
 
 def add_parser(papers) -> None:
@@ -60,5 +57,4 @@ def add_parser(papers) -> None:
     d.add_argument("--decode", type=positive_int, default=None, help="decoding instances (default 1)")
     d.add_argument("--trace", choices=list(TRACES), default=None, help="the lengths (default: the app's)")
     d.add_argument("--seed", type=int, default=0, help="the crowd's seed (lengths and arrivals)")
-    d.add_argument("--json", action="store_true", help="print one JSON object instead of the report")
     d.set_defaults(func=cmd_distserve)

@@ -7,16 +7,13 @@ import argparse
 
 
 def cmd_orca(args: argparse.Namespace) -> None:
-    import json
-
+    from minillm.cli.paper_report import print_report
     from minillm.papers.orca import Costs, Options
-    from minillm.papers.orca_report import report_json, report_text, reproduce
 
     options = Options(args.model, args.requests, args.seed, tuple(args.system), args.orca_batch,
                       tuple(args.ft_batch) if args.ft_batch else None, args.bound_ms, tuple(args.rate or ()),
                       args.start_rate, Costs(args.ft_shortest_first, args.pipelined))  # fmt: skip
-    report = reproduce(options)
-    print(json.dumps(report_json(report)) if args.json else report_text(report))
+    print_report("orca", options, args.json)
 
 
 def add_parser(papers) -> None:
@@ -47,5 +44,4 @@ def add_parser(papers) -> None:
     )
     s.add_argument("--pipelined", action="store_true", help="Orca keeps one batch in flight per pipeline stage")
     s.add_argument("--seed", type=int, default=0, help="the trace's seed (lengths and arrivals)")
-    s.add_argument("--json", action="store_true", help="print one JSON object instead of the report")
     s.set_defaults(func=cmd_orca)

@@ -7,15 +7,12 @@ import argparse
 
 
 def cmd_sarathi(args: argparse.Namespace) -> None:
-    import json
-
+    from minillm.cli.paper_report import print_report
     from minillm.papers.sarathi import Options
-    from minillm.papers.sarathi_report import report_json, report_text, reproduce
 
     options = Options(args.model, args.trace, args.slo, args.budget, args.requests, args.seed, tuple(args.system),
                       args.start_rate, args.host_overhead)  # fmt: skip
-    report = reproduce(options)
-    print(json.dumps(report_json(report)) if args.json else report_text(report))
+    print_report("sarathi", options, args.json)
 
 
 def add_parser(papers) -> None:
@@ -45,5 +42,4 @@ def add_parser(papers) -> None:
                    help="every step also pays the host's measured time around it (Vidur's profile of the same "
                    "engine: schedule, sampler, inputs, outputs)")  # fmt: skip
     s.add_argument("--seed", type=int, default=0, help="the crowd's seed (lengths and arrivals)")
-    s.add_argument("--json", action="store_true", help="print one JSON object instead of the report")
     s.set_defaults(func=cmd_sarathi)

@@ -7,14 +7,11 @@ import argparse
 
 
 def cmd_sglang(args: argparse.Namespace) -> None:
-    import json
-
+    from minillm.cli.paper_report import print_report
     from minillm.papers.sglang import Options
-    from minillm.papers.sglang_report import report_json, report_text, reproduce
 
     options = Options(tuple(args.workload), args.requests, args.block_size, args.parallel, args.seed, args.gpu)
-    report = reproduce(options)
-    print(json.dumps(report_json(report)) if args.json else report_text(report))
+    print_report("sglang", options, args.json)
 
 
 def add_parser(papers) -> None:
@@ -37,5 +34,4 @@ def add_parser(papers) -> None:
     s.add_argument("--gpu", default=setup.GPU,
                    help=f"the simulated card (card/hardware.py; default {setup.GPU}, the paper's)")  # fmt: skip
     s.add_argument("--seed", type=int, default=0, help="the prompts' seed (lengths and token ids)")
-    s.add_argument("--json", action="store_true", help="print one JSON object instead of the report")
     s.set_defaults(func=cmd_sglang)

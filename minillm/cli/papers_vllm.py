@@ -7,14 +7,12 @@ import argparse
 
 
 def cmd_vllm(args: argparse.Namespace) -> None:
-    import json
-
-    from minillm.papers.vllm_report import Options, report_json, report_text, reproduce
+    from minillm.cli.paper_report import print_report
+    from minillm.papers.vllm_report import Options
 
     options = Options(args.model, args.gpu, args.requests, args.seed, args.rate, args.slo, tuple(args.system),
                       not args.rate_only, args.step_ms)  # fmt: skip
-    report = reproduce(options)
-    print(json.dumps(report_json(report)) if args.json else report_text(report))
+    print_report("vllm", options, args.json)
 
 
 def add_parser(papers) -> None:
@@ -59,5 +57,4 @@ def add_parser(papers) -> None:
         help="milliseconds added to every step of every system (the measured account's cost; 0: none)",
     )
     p.add_argument("--seed", type=int, default=0, help="the trace's seed (lengths and arrivals)")
-    p.add_argument("--json", action="store_true", help="print one JSON object instead of the report")
     p.set_defaults(func=cmd_vllm)
